@@ -1,0 +1,29 @@
+# `make demo` and `make test` each work on a fresh machine: they build .venv first.
+PYTHON ?= python3
+VENV := .venv
+BIN := $(VENV)/bin
+STAMP := $(VENV)/.installed
+
+.PHONY: demo test lint clean
+
+$(STAMP): pyproject.toml
+	$(PYTHON) -m venv $(VENV)
+	$(BIN)/pip install -q --upgrade pip
+	# torch: the CPU build, asked for by exact version (see DEVELOPERS.md).
+	$(BIN)/pip install -q torch==2.13.0
+	$(BIN)/pip install -q -e '.[dev,torch]'
+	touch $(STAMP)
+
+demo: $(STAMP)
+	$(BIN)/gpuscale demo --out reports/demo
+
+test: $(STAMP)
+	$(BIN)/ruff check predictor scaler tests
+	$(BIN)/python -m pytest -q -ra
+
+lint: $(STAMP)
+	$(BIN)/ruff check predictor scaler tests
+	$(BIN)/ruff format --check predictor scaler tests
+
+clean:
+	rm -rf $(VENV) reports .pytest_cache

@@ -1,0 +1,39 @@
+"""The `gpuscale` command line: a thin shell over predictor and scaler.
+
+Each command group lives in its own module with a `register(app, bench)` function; heavy
+libraries are imported inside commands so `gpuscale --help` stays fast.
+"""
+
+from __future__ import annotations
+
+import sys
+
+import typer
+
+from predictor.errors import InputError
+from scaler.cli import data, demo, forecasting, placing, scaling
+
+app = typer.Typer(
+    name="gpuscale",
+    help="Predictive autoscaling and fragmentation-aware placement for GPU clusters.",
+    no_args_is_help=True,
+    pretty_exceptions_enable=False,
+    add_completion=False,
+)
+bench = typer.Typer(
+    help="Benchmarks on real traces (protocols in BENCHMARKS.md); --json writes the rows.",
+    no_args_is_help=True,
+)
+app.add_typer(bench, name="bench")
+
+for module in (data, forecasting, scaling, placing, demo):
+    module.register(app, bench)
+
+
+def main() -> None:
+    """Console entry point: bad input is one line on stderr and exit code 2."""
+    try:
+        app()
+    except InputError as exc:
+        typer.echo(f"error: {exc}", err=True)
+        sys.exit(2)
