@@ -1,0 +1,105 @@
+"""Node pools: what a node of each pool offers and costs, and how big a pool may grow.
+
+A pool is the unit the planner sizes and a provider scales (an Auto Scaling group, an EKS
+node group, a simulated group). Pools are read from YAML and validated at start; an error
+names the pool and the field, so a bad config never reaches a running loop.
+"""
+
+from __future__ import annotations
+
+import math
+from pathlib import Path
+from typing import Literal
+
+import yaml
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
+
+from predictor.errors import InputError
+
+CapacityType = Literal["on-demand", "spot"]
+
+
+class NodePool(BaseModel):
+    """One group of identical nodes."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    name: str = Field(min_length=1)
+    gpu_model: str = Field(min_length=1, description="e.g. A100, H100, V100M32")
+    gpus_per_node: int = Field(gt=0)
+    cpu_milli_per_node: int = Field(default=64_000, ge=0)
+    memory_mib_per_node: int = Field(default=512 * 1024, ge=0)
+    price_per_hour: float = Field(ge=0, description="price of one node for one hour")
+    power_watts: float = Field(default=0.0, ge=0, description="draw of one busy node")
+    boot_seconds: float = Field(default=600.0, ge=0, description="request to ready")
+    min_size: int = Field(default=0, ge=0)
+    max_size: int = Field(ge=0)
+    capacity_type: CapacityType = "on-demand"
+
+    @model_validator(mode="after")
+    def _sizes(self) -> NodePool:
+        if self.max_size < self.min_size:
+            raise ValueError(f"max_size {self.max_size} is below min_size {self.min_size}")
+        return self
+
+    @property
+    def is_spot(self) -> bool:
+        return self.capacity_type == "spot"
+
+    def boot_steps(self, step_seconds: float) -> int:
+        """Whole decision steps from request to ready (a node ready mid-step serves from the
+        next step, since a step's demand is its peak minute)."""
+        return math.ceil(self.boot_seconds / step_seconds - 1e-9)
+
+    def price_per_gpu_hour(self) -> float:
+        return self.price_per_hour / self.gpus_per_node
+
+    def watts_per_gpu(self) -> float:
+        return self.power_watts / self.gpus_per_node
+
+
+class PoolSet(BaseModel):
+    """The pools of one cluster; names are unique."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    pools: tuple[NodePool, ...] = Field(min_length=1)
+
+    @model_validator(mode="after")
+    def _unique(self) -> PoolSet:
+        seen: set[str] = set()
+        for pool in self.pools:
+            if pool.name in seen:
+                raise ValueError(f"pool name {pool.name!r} appears twice")
+            seen.add(pool.name)
+        return self
+
+    def by_name(self) -> dict[str, NodePool]:
+        return {pool.name: pool for pool in self.pools}
+
+
+def parse_pools(data: object, *, source: str | Path | None = None) -> tuple[NodePool, ...]:
+    """Validate a mapping `{pools: [...]}` (or a bare list of pools); errors name the field,
+    for example `pools.1.max_size`."""
+    if isinstance(data, list):
+        data = {"pools": data}
+    try:
+        return PoolSet.model_validate(data).pools
+    except ValidationError as exc:
+        first = exc.errors()[0]
+        field = ".".join(str(part) for part in first["loc"]) or None
+        raise InputError(first["msg"], path=source, column=field) from None
+
+
+def load_pools(path: str | Path) -> tuple[NodePool, ...]:
+    """Read pools from a YAML file."""
+    file = Path(path)
+    try:
+        data = yaml.safe_load(file.read_text())
+    except OSError as exc:
+        raise InputError(f"cannot read: {exc.strerror}", path=file) from None
+    except yaml.YAMLError as exc:
+        mark = getattr(exc, "problem_mark", None)
+        line = None if mark is None else mark.line + 1
+        raise InputError(f"not valid YAML: {exc}", path=file, line=line) from None
+    return parse_pools(data, source=file)

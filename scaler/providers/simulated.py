@@ -1,0 +1,207 @@
+"""A simulated cloud: node groups with a boot delay, failed launches, capacity limits and spot
+interruptions, all configurable and seeded, on a clock the caller advances.
+
+Every random outcome of a node is drawn when it is launched (whether its launch fails, its
+boot jitter, when a spot interruption hits it), so a run depends only on the seed and the
+sequence of calls, never on how finely the clock is advanced.
+"""
+
+from __future__ import annotations
+
+import itertools
+from collections.abc import Sequence
+from dataclasses import dataclass
+from datetime import datetime, timedelta
+from typing import Literal
+
+import numpy as np
+from pydantic import BaseModel, ConfigDict, Field
+
+from scaler.pools import NodePool
+from scaler.providers.base import Node, NodeStatus, ProviderError
+
+EventKind = Literal["launched", "ready", "launch_failed", "no_capacity", "interrupted", "deleted"]
+
+
+class SimulatedCloudConfig(BaseModel):
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    seed: int = 0
+    launch_failure_rate: float = Field(
+        default=0.0, ge=0, le=1, description="share of launches that never become ready"
+    )
+    capacity: dict[str, int] = Field(
+        default_factory=dict,
+        description="most nodes the cloud can run per pool at once (absent: unlimited)",
+    )
+    spot_interruptions_per_hour: float = Field(
+        default=0.0, ge=0, description="rate at which each ready spot node is reclaimed"
+    )
+    boot_jitter_seconds: float = Field(default=0.0, ge=0, description="uniform extra boot")
+
+
+@dataclass(frozen=True, slots=True)
+class CloudEvent:
+    at: datetime
+    pool: str
+    node: str
+    kind: EventKind
+
+
+@dataclass(slots=True)
+class _Instance:
+    name: str
+    pool: str
+    launched_at: datetime
+    ready_at: datetime
+    fails: bool
+    interrupted_at: datetime | None
+
+
+class SimulatedCloud:
+    """A `CloudProvider` whose time moves only when `advance` is called."""
+
+    def __init__(
+        self,
+        pools: Sequence[NodePool],
+        config: SimulatedCloudConfig | None = None,
+        start: datetime = datetime(2024, 1, 1),
+    ) -> None:
+        self.config = config or SimulatedCloudConfig()
+        self._now = start
+        self._rng = np.random.default_rng(self.config.seed)
+        self._ids = itertools.count()
+        self._pools = {p.name: p for p in pools}
+        self._instances: dict[str, dict[str, _Instance]] = {p.name: {} for p in pools}
+        self._groups = {p.name: SimulatedNodeGroup(self, p) for p in pools}
+        self.events: list[CloudEvent] = []
+
+    # CloudProvider ---------------------------------------------------------------
+    def name(self) -> str:
+        return "simulated"
+
+    def node_groups(self) -> list[SimulatedNodeGroup]:
+        return list(self._groups.values())
+
+    def node_group_for(self, node_name: str) -> SimulatedNodeGroup | None:
+        for pool, instances in self._instances.items():
+            if node_name in instances:
+                return self._groups[pool]
+        return None
+
+    def refresh(self) -> None:
+        """Nothing to re-read: the simulation's state is always current."""
+
+    # Clock ---------------------------------------------------------------------
+    @property
+    def now(self) -> datetime:
+        return self._now
+
+    def advance(self, seconds: float) -> list[CloudEvent]:
+        """Move the clock on; boots complete, failed launches and interrupted spot nodes
+        vanish. Returns the events of the interval, in time order."""
+        if seconds < 0:
+            raise ValueError("time only moves forward")
+        until = self._now + timedelta(seconds=seconds)
+        happened: list[CloudEvent] = []
+        for pool, instances in self._instances.items():
+            for inst in list(instances.values()):
+                if self._now < inst.ready_at <= until:
+                    if inst.fails:
+                        del instances[inst.name]
+                        happened.append(CloudEvent(inst.ready_at, pool, inst.name, "launch_failed"))
+                        continue
+                    happened.append(CloudEvent(inst.ready_at, pool, inst.name, "ready"))
+                hit = inst.interrupted_at
+                if hit is not None and hit <= until and not inst.fails:
+                    del instances[inst.name]
+                    happened.append(CloudEvent(hit, pool, inst.name, "interrupted"))
+        happened.sort(key=lambda e: e.at)
+        self._now = until
+        self.events.extend(happened)
+        return happened
+
+    # Used by the groups -----------------------------------------------------------
+    def _launch(self, pool: NodePool, count: int) -> None:
+        limit = self.config.capacity.get(pool.name)
+        instances = self._instances[pool.name]
+        for _ in range(count):
+            name = f"{pool.name}-{next(self._ids):06d}"
+            if limit is not None and len(instances) >= limit:
+                self.events.append(CloudEvent(self._now, pool.name, name, "no_capacity"))
+                continue
+            jitter = self._rng.uniform(0.0, self.config.boot_jitter_seconds)
+            fails = bool(self._rng.random() < self.config.launch_failure_rate)
+            ready_at = self._now + timedelta(seconds=pool.boot_seconds + jitter)
+            interrupted_at = None
+            rate = self.config.spot_interruptions_per_hour
+            if pool.is_spot and rate > 0:
+                interrupted_at = ready_at + timedelta(hours=float(self._rng.exponential(1 / rate)))
+            instances[name] = _Instance(name, pool.name, self._now, ready_at, fails, interrupted_at)
+            self.events.append(CloudEvent(self._now, pool.name, name, "launched"))
+
+    def _delete(self, pool: str, names: Sequence[str]) -> None:
+        for name in names:
+            del self._instances[pool][name]
+            self.events.append(CloudEvent(self._now, pool, name, "deleted"))
+
+    def _nodes(self, pool: str) -> list[Node]:
+        return [
+            Node(
+                name=i.name,
+                pool=pool,
+                status=NodeStatus.READY if i.ready_at <= self._now else NodeStatus.BOOTING,
+                launched_at=i.launched_at,
+                ready_at=i.ready_at,
+            )
+            for i in self._instances[pool].values()
+        ]
+
+
+class SimulatedNodeGroup:
+    """One pool of the simulated cloud (a `NodeGroup`)."""
+
+    def __init__(self, cloud: SimulatedCloud, pool: NodePool) -> None:
+        self._cloud = cloud
+        self._pool = pool
+
+    def id(self) -> str:
+        return self._pool.name
+
+    def min_size(self) -> int:
+        return self._pool.min_size
+
+    def max_size(self) -> int:
+        return self._pool.max_size
+
+    def target_size(self) -> int:
+        return len(self._cloud._instances[self._pool.name])
+
+    def increase_size(self, delta: int) -> None:
+        if delta <= 0:
+            raise ProviderError(f"{self.id()}: size increase must be positive, got {delta}")
+        if self.target_size() + delta > self.max_size():
+            raise ProviderError(
+                f"{self.id()}: size increase too large: {self.target_size()} + {delta} "
+                f"exceeds max {self.max_size()}"
+            )
+        self._cloud._launch(self._pool, delta)
+
+    def delete_nodes(self, names: Sequence[str]) -> None:
+        held = self._cloud._instances[self._pool.name]
+        unknown = [n for n in names if n not in held]
+        if unknown:
+            raise ProviderError(f"{self.id()}: not nodes of this group: {', '.join(unknown)}")
+        if len(set(names)) != len(names):
+            raise ProviderError(f"{self.id()}: a node is named twice")
+        if self.target_size() - len(names) < self.min_size():
+            raise ProviderError(
+                f"{self.id()}: deleting {len(names)} would go below min size {self.min_size()}"
+            )
+        self._cloud._delete(self._pool.name, names)
+
+    def nodes(self) -> list[Node]:
+        return self._cloud._nodes(self._pool.name)
+
+    def template(self) -> NodePool:
+        return self._pool
