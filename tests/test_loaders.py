@@ -242,3 +242,14 @@ def test_bad_openb(tmp_path: Path) -> None:
     with pytest.raises(InputError, match="duplicate") as caught:
         load_openb_nodes(nodes)
     assert (caught.value.line, caught.value.column) == (3, "sn")
+
+
+def test_short_series_still_splits(tmp_path: Path) -> None:
+    two = write(
+        tmp_path / "two.csv", ["timestamp,value\n", "2024-01-01T00:00,1\n", "2024-01-01T00:05,2\n"]
+    )
+    trace = load_trace(f"series:{two}")
+    assert trace.test_start == trace.test_end == pd.Timestamp("2024-01-01 00:05")
+    one = write(tmp_path / "one.csv", ["timestamp,value\n", "2024-01-01T00:00,1\n"])
+    with pytest.raises(InputError, match="no training data"):
+        load_trace(f"series:{one}")

@@ -53,6 +53,27 @@ class DemandTrace:
     def series_ids(self) -> list[str]:
         return list(self.frame["unique_id"].unique())
 
+    @classmethod
+    def from_frame(
+        cls,
+        frame: pd.DataFrame,
+        *,
+        kind: str = "series",
+        unit: str = "nodes",
+        path: str = "",
+        split: str | pd.Timestamp | None = None,
+    ) -> DemandTrace:
+        """A trace of an in-memory long table (e.g. generated demand), with the generic
+        test window (last 25% of the range) unless `split` sets its start."""
+        if kind not in TRACE_KINDS or unit not in UNITS:
+            raise InputError(f"kind {kind!r} or unit {unit!r} is not known")
+        missing = {"unique_id", "ds", "y"} - set(frame.columns)
+        if missing:
+            raise InputError(f"frame lacks the column(s) {', '.join(sorted(missing))}")
+        frame = frame.sort_values(["unique_id", "ds"], kind="stable").reset_index(drop=True)
+        start, end = _test_window(frame["ds"], (None, None), split, path or None)
+        return cls(kind, path, frame, unit, start, end)
+
     def split_frame(self) -> tuple[pd.DataFrame, pd.DataFrame]:
         """(training rows before `test_start`, test rows in the window)."""
         ds = self.frame["ds"]
@@ -169,7 +190,7 @@ def _test_window(
     ds: pd.Series,
     default: tuple[pd.Timestamp | None, pd.Timestamp | None],
     split: str | pd.Timestamp | None,
-    file: Path,
+    file: Path | str | None,
 ) -> tuple[pd.Timestamp, pd.Timestamp]:
     first, last = ds.min(), ds.max()
     default_start, stop = default
@@ -183,7 +204,10 @@ def _test_window(
     elif default_start is not None and first < default_start <= last:
         start = default_start
     else:
-        start = (first + (last - first) * (1 - TEST_SHARE)).floor(STEP)
+        cut = first + (last - first) * (1 - TEST_SHARE)
+        start = cut.floor(STEP)
+        if start <= first:  # a span shorter than a step or two: split at the data's own step
+            start = ds[ds >= cut].min()
     if not first < start <= last:
         raise InputError(
             f"test start {start} leaves no {'training' if start <= first else 'test'} data"
