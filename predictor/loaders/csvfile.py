@@ -1,10 +1,10 @@
 """CSV tables (plain or gzip) read fast with pandas, with errors that name file, line, column.
 
-Everything is read as text first and converted column by column: pandas parses the whole
-file in one pass, and when a conversion fails the offending row is still known, so the
-error can point at its line. Line numbers are 1-based file lines (the header is line 1);
-they map one-to-one to rows because blank lines are kept as rows and records never span
-lines in these formats.
+pandas parses the whole file in one pass (numbers straight to numeric columns, names and
+timestamps as text); only a column that did not parse cleanly takes the slow path that
+finds the offending cell. Line numbers are 1-based file lines (the header is line 1); they
+map one-to-one to rows because blank lines are kept as rows and records never span lines
+in these formats.
 """
 
 from __future__ import annotations
@@ -29,7 +29,7 @@ _PARSER_LINE = re.compile(r"line (\d+)")
 
 @dataclass(frozen=True, eq=False)
 class CsvTable:
-    """The text cells of one CSV file; row i of `frame` sits on file line i + 2."""
+    """The cells of one CSV file; row i of `frame` sits on file line i + 2."""
 
     path: Path
     frame: pd.DataFrame
@@ -62,11 +62,14 @@ class CsvTable:
         cells = self.frame[column]
         if required:
             self._require_values(column)
-        values = pd.to_numeric(cells.str.strip(), errors="coerce").astype("float64")
-        bad = values.isna() & cells.notna()
-        if bad.any():
-            row = _first(bad)
-            raise self.error(f"not a number: {_quote(cells.iloc[row])}", row, column)
+        if pd.api.types.is_numeric_dtype(cells) and not pd.api.types.is_bool_dtype(cells):
+            values = cells.astype("float64")
+        else:
+            values = pd.to_numeric(cells.str.strip(), errors="coerce").astype("float64")
+            bad = values.isna() & cells.notna()
+            if bad.any():
+                row = _first(bad)
+                raise self.error(f"not a number: {_quote(cells.iloc[row])}", row, column)
         bad = np.isinf(values)
         if bad.any():
             row = _first(bad)
@@ -96,7 +99,9 @@ class CsvTable:
         """An ISO 8601 timestamp column as naive datetime64[ns]; offsets are converted to UTC."""
         cells = self.frame[column]
         self._require_values(column)
-        parsed = pd.to_datetime(cells.str.strip(), format="ISO8601", utc=True, errors="coerce")
+        parsed = pd.to_datetime(cells, format="ISO8601", utc=True, errors="coerce")
+        if parsed.isna().any():  # slow path: tolerate surrounding blanks, then find the culprit
+            parsed = pd.to_datetime(cells.str.strip(), format="ISO8601", utc=True, errors="coerce")
         bad = parsed.isna()
         if bad.any():
             row = _first(bad)
@@ -130,8 +135,15 @@ class CsvTable:
             raise self.error("missing value (empty or NaN)", _first(empty), column)
 
 
-def read_table(path: str | Path, required: Sequence[str], optional: Sequence[str] = ()) -> CsvTable:
-    """Read the `required` and present `optional` columns of a CSV or gzip CSV as text.
+def read_table(
+    path: str | Path,
+    required: Sequence[str],
+    optional: Sequence[str] = (),
+    *,
+    text: Sequence[str] = (),
+) -> CsvTable:
+    """Read the `required` and present `optional` columns of a CSV or gzip CSV; the `text`
+    columns (names, timestamps) stay text, the others are parsed as numbers where they can.
 
     Gzip is recognised by its magic bytes, whatever the name; a `.gz` name on a file that is
     not gzip is an error (it is almost always a truncated or mislabelled download).
@@ -153,7 +165,7 @@ def read_table(path: str | Path, required: Sequence[str], optional: Sequence[str
         frame = pd.read_csv(
             file,
             compression=compression,
-            dtype=str,
+            dtype={name: str for name in header if name in text},
             skip_blank_lines=False,
             encoding="utf-8",
         )

@@ -21,7 +21,9 @@ POD_TIMES = ("creation_time", "deletion_time", "scheduled_time")
 def load_openb_nodes(path: str | Path) -> pd.DataFrame:
     """Columns `sn` (str, unique), `cpu_milli`, `memory_mib`, `gpu` (int64, >= 0),
     `model` (str; required on a node with GPUs)."""
-    table = read_table(path, ["sn", "cpu_milli", "memory_mib", "gpu", "model"])
+    table = read_table(
+        path, ["sn", "cpu_milli", "memory_mib", "gpu", "model"], text=["sn", "model"]
+    )
     sn = table.text("sn")
     table.check_unique(sn, "sn")
     gpu = table.numbers("gpu", integer=True)
@@ -49,6 +51,7 @@ def load_openb_pods(path: str | Path) -> pd.DataFrame:
         path,
         ["name", "cpu_milli", "memory_mib", "num_gpu", "gpu_milli"],
         optional=["gpu_spec", "qos", "pod_phase", *POD_TIMES],
+        text=["name", "gpu_spec", "qos", "pod_phase"],
     )
     present = table.frame.columns
     name = table.text("name")

@@ -116,10 +116,14 @@ def load_trace(
         raise InputError(f"a {kind} trace counts {_NATIVE_UNIT[kind]}, not {unit}")
     file = Path(path).expanduser()
     if kind == "philly":
-        frame = _philly(read_table(file, ["time", "active", "total"]))
+        frame = _philly(read_table(file, ["time", "active", "total"], text=["time"]))
         default = PHILLY_TEST
     elif kind == "helios-vc":
-        table = read_table(file, ["time", "running_gpu_num", "pending_gpu_num", "total_gpu_num"])
+        table = read_table(
+            file,
+            ["time", "running_gpu_num", "pending_gpu_num", "total_gpu_num"],
+            text=["time"],
+        )
         frame = _helios(table, _stem(file))
         default = (HELIOS_TEST_START, None)
     else:
@@ -171,7 +175,9 @@ def _helios(table: CsvTable, uid: str) -> pd.DataFrame:
 
 def _series(file: Path) -> pd.DataFrame:
     """`timestamp,value` (one series named after the file) or `series_id,timestamp,value`."""
-    table = read_table(file, ["timestamp", "value"], optional=["series_id"])
+    table = read_table(
+        file, ["timestamp", "value"], optional=["series_id"], text=["timestamp", "series_id"]
+    )
     ds = table.timestamps("timestamp")
     if "series_id" in table.frame.columns:
         ids = table.text("series_id")
