@@ -253,3 +253,16 @@ def test_short_series_still_splits(tmp_path: Path) -> None:
     one = write(tmp_path / "one.csv", ["timestamp,value\n", "2024-01-01T00:00,1\n"])
     with pytest.raises(InputError, match="no training data"):
         load_trace(f"series:{one}")
+
+
+def test_encodings(tmp_path: Path) -> None:
+    windows = tmp_path / "excel.csv"  # byte-order mark and CRLF, as spreadsheets write them
+    windows.write_bytes(
+        b"\xef\xbb\xbftimestamp,value\r\n2024-01-01T00:00,1\r\n2024-01-01T00:10,2\r\n"
+    )
+    assert load_trace(f"series:{windows}").frame["y"].tolist() == [1.0, 2.0]
+    latin = tmp_path / "latin.csv"
+    latin.write_bytes(b"timestamp,value\n2024-01-01T00:00,1\n2024-01-01T00:10,\xe9\n")
+    with pytest.raises(InputError, match="not UTF-8") as caught:
+        load_trace(f"series:{latin}")
+    assert caught.value.line == 3

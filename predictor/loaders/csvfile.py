@@ -167,7 +167,7 @@ def read_table(
             compression=compression,
             dtype={name: str for name in header if name in text},
             skip_blank_lines=False,
-            encoding="utf-8",
+            encoding="utf-8-sig",
         )
     except pd.errors.ParserError as exc:
         found = _PARSER_LINE.search(str(exc))
@@ -177,7 +177,7 @@ def read_table(
     except (EOFError, gzip.BadGzipFile, zlib.error) as exc:
         raise InputError(f"corrupt gzip data: {exc}", path=file) from exc
     except UnicodeDecodeError as exc:
-        raise InputError(f"not UTF-8 text: {exc.reason}", path=file) from exc
+        raise _not_utf8(file, compression, exc) from exc
     # All columns are parsed (not `usecols`) so that a line with extra fields is caught.
     frame = frame.rename(columns=str.strip)[columns]
     # Blank lines at the very end are harmless; anywhere else they fail as missing values.
@@ -211,13 +211,13 @@ def _header(file: Path, compression: str | None) -> list[str]:
     try:
         with (
             gzip.open(file, "rb") if compression == "gzip" else file.open("rb") as raw,
-            io.TextIOWrapper(raw, encoding="utf-8", newline="") as text,
+            io.TextIOWrapper(raw, encoding="utf-8-sig", newline="") as text,
         ):
             first = text.readline()
     except (EOFError, gzip.BadGzipFile, zlib.error) as exc:
         raise InputError(f"corrupt gzip data: {exc}", path=file) from exc
     except UnicodeDecodeError as exc:
-        raise InputError(f"not UTF-8 text: {exc.reason}", path=file, line=1) from exc
+        raise _not_utf8(file, compression, exc) from exc
     if not first.strip():
         raise InputError("empty file: no header line", path=file, line=1)
     header = [name.strip() for name in next(csv.reader([first]))]
@@ -227,6 +227,19 @@ def _header(file: Path, compression: str | None) -> list[str]:
             raise InputError(f"column {name!r} appears twice", path=file, line=1, column=name)
         seen.add(name)
     return header
+
+
+def _not_utf8(file: Path, compression: str | None, exc: UnicodeDecodeError) -> InputError:
+    """The error for undecodable bytes, with the line they sit on (found on this slow path
+    only: decoders report a byte offset inside a buffer, not a line)."""
+    opener = gzip.open if compression == "gzip" else open
+    with opener(file, "rb") as raw:
+        for number, line in enumerate(raw, start=1):
+            try:
+                line.decode("utf-8")
+            except UnicodeDecodeError:
+                return InputError(f"not UTF-8 text: {exc.reason}", path=file, line=number)
+    return InputError(f"not UTF-8 text: {exc.reason}", path=file)
 
 
 def _first(mask: pd.Series) -> int:
