@@ -1,0 +1,208 @@
+"""FGD's fragmentation measure, vectorised over nodes and computed incrementally.
+
+For a node and a job shape m (FGD, ATC '23, Sec. 3): if the node cannot host m at all
+(GPU model not allowed, too few GPUs with a share >= m's share, or too little CPU), every
+free GPU share on it is a fragment for m; otherwise the fragments are the free shares of
+the GPUs too small for m. A CPU-only shape cannot use any GPU, so for it every free share
+counts. A node's fragmentation is the popularity-weighted sum over the typical mix.
+
+How it is made fast: only a few numbers of a node matter for a shape of share v and count
+k: `cnt_v` (GPUs with free >= v) and `low_v` (sum of free shares < v), for each distinct
+share v of the mix. Shapes with the same (share, count, models) form a group whose members
+differ only in CPU; sorted by CPU, the popularity of the members that fit is a cumulative
+table lookup. So a node's fragmentation is a short sum over groups, and the state after a
+candidate placement is obtained from the current `cnt`/`low` by a closed-form update
+instead of a recount. The current values are cached per node and refreshed only for nodes
+whose `version` changed.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+
+from scaler.placement.cluster import ClusterState
+from scaler.placement.job import WHOLE_GPU_MILLI, Job
+from scaler.placement.mix import WorkloadMix
+
+
+@dataclass
+class NodeFragments:
+    """Cached per-node inputs and result of the fragmentation measure."""
+
+    version: np.ndarray
+    cnt: np.ndarray
+    low: np.ndarray
+    total: np.ndarray
+    frag: np.ndarray
+
+    def copy(self) -> NodeFragments:
+        return NodeFragments(
+            self.version.copy(),
+            self.cnt.copy(),
+            self.low.copy(),
+            self.total.copy(),
+            self.frag.copy(),
+        )
+
+
+@dataclass(frozen=True)
+class Candidates:
+    """Candidate placements of one job: node, first GPU (sharing jobs; -1 otherwise), the
+    node's fragmentation before and after, and its free GPU total after."""
+
+    node: np.ndarray
+    gpu: np.ndarray
+    frag_before: np.ndarray
+    frag_after: np.ndarray
+    total_after: np.ndarray
+
+    @property
+    def delta(self) -> np.ndarray:
+        return self.frag_after - self.frag_before
+
+
+class FragmentationModel:
+    """Fragmentation of nodes against one workload mix (see module docstring)."""
+
+    def __init__(self, mix: WorkloadMix) -> None:
+        self.mix = mix
+        gpu = [(s, p) for s, p in zip(mix.shapes, mix.popularity, strict=True) if s.gpu_milli > 0]
+        self.shares = np.array(sorted({s.gpu_milli for s, _ in gpu}), dtype=np.int64)
+        self.cpu_levels = np.array(sorted({s.cpu_milli for s, _ in gpu}), dtype=np.int64)
+        groups: dict[tuple[int, int, tuple[str, ...]], list[tuple[int, float]]] = {}
+        for s, p in gpu:
+            j = int(np.searchsorted(self.shares, s.gpu_milli))
+            groups.setdefault((j, s.num_gpu, s.gpu_models), []).append((s.cpu_milli, p))
+        keys = sorted(groups)
+        self.group_share = np.array([k[0] for k in keys], dtype=np.int64)
+        self.group_count = np.array([k[1] for k in keys], dtype=np.int64)
+        self.group_models = [frozenset(k[2]) for k in keys]
+        # fit_pop[L, g]: popularity of group g's shapes whose CPU <= the L-th CPU level,
+        # where L = number of CPU levels at or below a node's free CPU.
+        fit_pop = np.zeros((len(self.cpu_levels) + 1, len(keys)))
+        for g, k in enumerate(keys):
+            for cpu, p in groups[k]:
+                level = int(np.searchsorted(self.cpu_levels, cpu, side="left")) + 1
+                fit_pop[level:, g] += p
+        self.fit_pop = fit_pop
+        self._access: dict[tuple[str, ...], np.ndarray] = {}
+        self._cache_key = ("fragments", id(self))
+
+    # ------------------------------------------------------------------ evaluation
+    def access(self, models: list[str]) -> np.ndarray:
+        """access[m, g]: group g may run on model m; the last row is 'no GPU model'."""
+        key = tuple(models)
+        if key not in self._access:
+            table = np.ones((len(models) + 1, len(self.group_models)), dtype=bool)
+            for g, allowed in enumerate(self.group_models):
+                if allowed:
+                    table[:-1, g] = [m in allowed for m in models]
+                    table[-1, g] = False
+            self._access[key] = table
+        return self._access[key]
+
+    def counts(self, gpu_free: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """cnt[r, j], low[r, j] and total[r] for rows of free GPU shares."""
+        free = gpu_free[:, :, None]
+        below = free < self.shares[None, None, :]
+        cnt = (~below).sum(axis=1)
+        low = np.where(below, free, 0).sum(axis=1)
+        return cnt, low, gpu_free.sum(axis=1)
+
+    def evaluate(
+        self,
+        cpu_free: np.ndarray,
+        model_id: np.ndarray,
+        cnt: np.ndarray,
+        low: np.ndarray,
+        total: np.ndarray,
+        access: np.ndarray,
+    ) -> np.ndarray:
+        """Expected fragmented GPU share (thousandths) of each row's node state."""
+        level = np.searchsorted(self.cpu_levels, cpu_free, side="right")
+        weight = self.fit_pop[level] * access[model_id]
+        weight *= cnt[:, self.group_share] >= self.group_count
+        usable = total[:, None] - low[:, self.group_share]
+        return total - np.einsum("ij,ij->i", weight, usable)
+
+    def node_fragments(self, state: ClusterState) -> NodeFragments:
+        """The cached per-node values for `state`, refreshed where nodes changed."""
+        key = self._cache_key
+        cache: NodeFragments | None = state.derived.get(key)
+        if cache is None:
+            cnt, low, total = self.counts(state.gpu_free)
+            cache = NodeFragments(
+                version=state.version.copy(),
+                cnt=cnt,
+                low=low,
+                total=total,
+                frag=np.zeros(state.size),
+            )
+            stale = np.arange(state.size)
+            state.derived[key] = cache
+        else:
+            stale = np.flatnonzero(cache.version != state.version)
+            if stale.size:
+                cnt, low, total = self.counts(state.gpu_free[stale])
+                cache.cnt[stale], cache.low[stale], cache.total[stale] = cnt, low, total
+                cache.version[stale] = state.version[stale]
+        if stale.size:
+            cache.frag[stale] = self.evaluate(
+                state.cpu_free[stale],
+                state.model_id[stale],
+                cache.cnt[stale],
+                cache.low[stale],
+                cache.total[stale],
+                self.access(state.models),
+            )
+        return cache
+
+    def candidates(self, state: ClusterState, job: Job, nodes: np.ndarray) -> Candidates:
+        """Fragmentation before/after placing `job` on each feasible node (and, for a
+        GPU-sharing job, on each GPU of distinct free share that can hold it)."""
+        cache = self.node_fragments(state)
+        if job.is_sharing:
+            node, gpu = sharing_slots(state, job, nodes)
+            free = state.gpu_free[node, gpu][:, None]
+            share = self.shares[None, :]
+            d = job.gpu_milli
+            was_low = free < share
+            becomes_low = ~was_low & (free - d < share)
+            cnt = cache.cnt[node] - becomes_low
+            low = cache.low[node] - np.where(was_low, d, 0) + np.where(becomes_low, free - d, 0)
+            total = cache.total[node] - d
+        else:
+            node = nodes
+            gpu = np.full(node.size, -1)
+            taken = job.num_gpu * WHOLE_GPU_MILLI if job.num_gpu else 0
+            cnt = cache.cnt[node] - job.num_gpu
+            low = cache.low[node]
+            total = cache.total[node] - taken
+        after = self.evaluate(
+            state.cpu_free[node] - job.cpu_milli,
+            state.model_id[node],
+            cnt,
+            low,
+            total,
+            self.access(state.models),
+        )
+        return Candidates(node, gpu, cache.frag[node], after, total)
+
+
+def sharing_slots(
+    state: ClusterState, job: Job, nodes: np.ndarray
+) -> tuple[np.ndarray, np.ndarray]:
+    """(node, GPU) pairs where a GPU-sharing job fits, one per distinct free share on a node
+    (GPUs with equal free share are interchangeable; the lowest index stands for them).
+    Pairs come ordered by node position in `nodes`, then GPU index."""
+    free = state.gpu_free[nodes]
+    order = np.argsort(free, axis=1, kind="stable")
+    ranked = np.take_along_axis(free, order, axis=1)
+    keep = ranked >= job.gpu_milli
+    keep[:, 1:] &= ranked[:, 1:] != ranked[:, :-1]
+    fits = np.zeros_like(keep)
+    np.put_along_axis(fits, order, keep, axis=1)
+    pos, gpu = np.nonzero(fits)
+    return nodes[pos], gpu
