@@ -1,0 +1,177 @@
+"""Collector configuration: a YAML file plus environment variables, validated at start.
+
+Environment variables override the file: `GPUSCALE_INTERVAL_S=30`,
+`GPUSCALE_PROMETHEUS__URL=http://prometheus:9090` (nested fields joined by `__`). A source
+is sampled when its section is present. An invalid value is reported as an `InputError`
+that names the file and the field, so a bad config never reaches a running loop.
+"""
+
+from __future__ import annotations
+
+import socket
+from pathlib import Path
+from typing import Any
+
+import yaml
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
+from pydantic_settings import BaseSettings, PydanticBaseSettingsSource, SettingsConfigDict
+
+from predictor.errors import InputError
+from predictor.telemetry.sources import RetryPolicy
+
+# DCGM exporter series carry pod labels that come and go with the pods on a GPU; keeping
+# only the GPU's identity makes one stable series per GPU (max of one value is the value).
+_GPU_LABELS = "Hostname, gpu, UUID, modelName"
+# GPUs requested by pods that are Running or Pending (the Helios demand definition),
+# summed over the cluster. The `or` branch yields 0 only when kube-state-metrics is being
+# scraped and no GPU pod exists, so an outage of kube-state-metrics stays a gap.
+CLUSTER_DEMAND_QUERY = (
+    'sum(kube_pod_container_resource_requests{resource="nvidia_com_gpu"}'
+    " * on (namespace, pod) group_left ()"
+    ' max by (namespace, pod) (kube_pod_status_phase{phase=~"Running|Pending"} == 1))'
+    " or on () (0 * count(kube_pod_status_phase))"
+)
+
+
+class _Section(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+
+class PromSeries(_Section):
+    """One series family: a PromQL expression and how its results are named."""
+
+    metric: str = Field(min_length=1, description="metric name in the store")
+    query: str = Field(min_length=1, description="PromQL, evaluated instant or over a range")
+    unique_id: str = Field(
+        default="{Hostname}/{gpu}",
+        description="series name: a Python format string over the result's labels",
+    )
+    labels: tuple[str, ...] = Field(
+        default=("Hostname", "gpu", "UUID", "modelName"),
+        description="result labels stored with the series (those present)",
+    )
+
+
+DEFAULT_SERIES: tuple[PromSeries, ...] = (
+    PromSeries(metric="gpu_util", query=f"max by ({_GPU_LABELS}) (DCGM_FI_DEV_GPU_UTIL)"),
+    PromSeries(metric="gpu_fb_used_mib", query=f"max by ({_GPU_LABELS}) (DCGM_FI_DEV_FB_USED)"),
+    PromSeries(metric="gpu_fb_free_mib", query=f"max by ({_GPU_LABELS}) (DCGM_FI_DEV_FB_FREE)"),
+    PromSeries(metric="gpu_demand", query=CLUSTER_DEMAND_QUERY, unique_id="cluster", labels=()),
+)
+
+
+class PrometheusSettings(_Section):
+    url: str = Field(pattern=r"^https?://", description="base URL of the Prometheus HTTP API")
+    timeout_s: float = Field(default=10.0, gt=0)
+    backfill_s: int = Field(
+        default=6 * 3600, ge=0, description="history fetched on start when the store has none"
+    )
+    chunk_steps: int = Field(
+        default=1000, ge=1, le=11_000, description="grid points per range query (API max 11000)"
+    )
+    series: tuple[PromSeries, ...] = DEFAULT_SERIES
+
+    @field_validator("url")
+    @classmethod
+    def _strip_slash(cls, url: str) -> str:
+        return url.rstrip("/")
+
+
+class KubernetesSettings(_Section):
+    kubeconfig: Path | None = Field(
+        default=None, description="kubeconfig file; none: the in-cluster service account"
+    )
+    context: str | None = None
+    pool_label: str = Field(default="gpuscale.io/pool", description="node label naming the pool")
+    gpu_model_label: str = Field(default="nvidia.com/gpu.product")
+    gpu_resource: str = Field(default="nvidia.com/gpu")
+    watch_timeout_s: int = Field(default=300, ge=1, description="server-side watch timeout")
+    request_timeout_s: float = Field(default=10.0, gt=0)
+
+
+class NvmlSettings(_Section):
+    hostname: str = Field(default_factory=socket.gethostname, min_length=1)
+
+
+class RetrySettings(_Section):
+    attempts: int = Field(default=3, ge=1)
+    base_delay_s: float = Field(default=0.5, ge=0)
+    factor: float = Field(default=2.0, ge=1)
+    max_delay_s: float = Field(default=10.0, ge=0)
+
+    def policy(self) -> RetryPolicy:
+        return RetryPolicy(self.attempts, self.base_delay_s, self.factor, self.max_delay_s)
+
+
+class CollectorConfig(BaseSettings):
+    """What `gpuscale collect` samples, how often, and how hard it retries."""
+
+    model_config = SettingsConfigDict(
+        env_prefix="GPUSCALE_", env_nested_delimiter="__", extra="forbid", frozen=True
+    )
+
+    interval_s: int = Field(
+        default=15, ge=1, description="seconds between samples; also the backfill grid"
+    )
+    prometheus: PrometheusSettings | None = None
+    kubernetes: KubernetesSettings | None = None
+    nvml: NvmlSettings | None = None
+    retry: RetrySettings = RetrySettings()
+
+    @classmethod
+    def settings_customise_sources(
+        cls,
+        settings_cls: type[BaseSettings],
+        init_settings: PydanticBaseSettingsSource,
+        env_settings: PydanticBaseSettingsSource,
+        dotenv_settings: PydanticBaseSettingsSource,
+        file_secret_settings: PydanticBaseSettingsSource,
+    ) -> tuple[PydanticBaseSettingsSource, ...]:
+        # The YAML file arrives as init values; the environment overrides it.
+        return (env_settings, init_settings)
+
+
+def load_config(path: Path) -> CollectorConfig:
+    """Read and validate a collector config file; errors name the file, the line and the
+    field."""
+    try:
+        text = path.read_text()
+        raw: Any = yaml.safe_load(text) or {}
+    except OSError as exc:
+        raise InputError(f"cannot read config: {exc.strerror}", path=path) from exc
+    except yaml.YAMLError as exc:
+        mark = getattr(exc, "problem_mark", None)
+        line = mark.line + 1 if mark is not None else None
+        raise InputError(f"not valid YAML: {exc}", path=path, line=line) from exc
+    if not isinstance(raw, dict):
+        raise InputError("config must be a mapping of settings", path=path)
+    try:
+        return CollectorConfig(**raw)
+    except ValidationError as exc:
+        errors = exc.errors()
+        loc = errors[0]["loc"]
+        field = ".".join(str(part) for part in loc)
+        more = f" (and {len(errors) - 1} more)" if len(errors) > 1 else ""
+        message = f"{field}: {errors[0]['msg']}{more}"
+        raise InputError(message, path=path, line=_line_of(text, loc)) from exc
+
+
+def _line_of(text: str, loc: tuple[Any, ...]) -> int | None:
+    """1-based line of the YAML node at `loc`, or of its deepest ancestor present (a
+    missing field is reported where its section is)."""
+    node: Any = yaml.compose(text)
+    line = None
+    for part in loc:
+        if isinstance(node, yaml.MappingNode):
+            found = [v for k, v in node.value if k.value == str(part)]
+            if not found:
+                break
+            node = found[0]
+        elif isinstance(node, yaml.SequenceNode) and isinstance(part, int):
+            if part >= len(node.value):
+                break
+            node = node.value[part]
+        else:
+            break
+        line = node.start_mark.line + 1
+    return line

@@ -1,0 +1,377 @@
+"""Kubernetes as a telemetry source: GPU demand and capacity per node pool.
+
+Nodes and pods are listed once and then WATCHED (an informer: list, then watch from the
+list's resourceVersion, re-list when the server answers 410 Gone), so a long-running
+collector reads a cache the API server keeps current instead of polling it. A one-shot
+sample lists.
+
+Demand of a pool, as in the Helios traces, is the GPUs of its running pods plus the GPUs of
+pending pods that want it. A pod runs in the pool of its node; a pending pod wants the pool
+its nodeSelector or node affinity names on the pool label (the first one it names, so each
+pod is counted once and the pools add up to the cluster). Pending pods that name no pool,
+and running pods on unlabelled nodes, are counted in the series `unpooled`.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass
+from typing import Any, Generic, TypeVar
+
+import pandas as pd
+import urllib3
+from kubernetes import client as k8s
+from kubernetes import config as k8s_config
+from kubernetes import watch as k8s_watch
+from kubernetes.config.config_exception import ConfigException
+from kubernetes.utils import parse_quantity
+
+from predictor.errors import InputError
+from predictor.telemetry.config import KubernetesSettings
+from predictor.telemetry.sources import MetricBatch, Source, SourceError
+
+log = logging.getLogger(__name__)
+
+UNPOOLED = "unpooled"
+T = TypeVar("T")
+_API_ERRORS = (k8s.ApiException, urllib3.exceptions.HTTPError, OSError, ValueError)
+
+
+@dataclass(frozen=True)
+class GpuNode:
+    name: str
+    pool: str
+    gpu_model: str
+    allocatable_gpus: int
+    schedulable: bool  # Ready and not cordoned
+
+
+@dataclass(frozen=True)
+class GpuPod:
+    namespace: str
+    name: str
+    phase: str
+    gpus: int
+    node: str | None
+    wanted_pool: str | None  # from nodeSelector / node affinity; None: any pool
+
+
+@dataclass(frozen=True)
+class PoolDemand:
+    pool: str
+    running: int
+    pending: int
+    capacity: int  # allocatable GPUs of schedulable nodes
+    nodes: int
+    gpu_model: str
+
+    @property
+    def demand(self) -> int:
+        return self.running + self.pending
+
+
+def api_client(settings: KubernetesSettings) -> k8s.ApiClient:
+    """The official client configured as in a cluster: from a kubeconfig when one is
+    given, else from the pod's service account."""
+    try:
+        if settings.kubeconfig is not None:
+            return k8s_config.new_client_from_config(
+                config_file=str(settings.kubeconfig), context=settings.context
+            )
+        configuration = k8s.Configuration()
+        k8s_config.load_incluster_config(client_configuration=configuration)
+        return k8s.ApiClient(configuration)
+    except (ConfigException, OSError) as exc:
+        raise InputError(
+            f"cannot configure the Kubernetes client: {exc}",
+            path=settings.kubeconfig,
+        ) from exc
+
+
+def _gpus(resources: Any, resource: str) -> int:
+    if resources is None:
+        return 0
+    # Extended resources must have requests == limits; a pod may give only the limit.
+    for amounts in (resources.requests, resources.limits):
+        if amounts and resource in amounts:
+            return int(parse_quantity(amounts[resource]))
+    return 0
+
+
+def pod_gpus(pod: k8s.V1Pod, resource: str) -> int:
+    """GPUs a pod holds: its containers together, or its largest init container if more
+    (init containers run one at a time before the others)."""
+    spec = pod.spec
+    main = sum(_gpus(c.resources, resource) for c in spec.containers or [])
+    init = max((_gpus(c.resources, resource) for c in spec.init_containers or []), default=0)
+    return max(main, init)
+
+
+def wanted_pool(pod: k8s.V1Pod, pool_label: str) -> str | None:
+    """The pool a pod asks for: nodeSelector, then required node affinity (`In` on the
+    pool label, first value), then the heaviest preferred term."""
+    spec = pod.spec
+    if spec.node_selector and pool_label in spec.node_selector:
+        return spec.node_selector[pool_label]
+    affinity = spec.affinity.node_affinity if spec.affinity else None
+    if affinity is None:
+        return None
+
+    def named(expressions: Iterable[Any] | None) -> str | None:
+        for expr in expressions or []:
+            if expr.key == pool_label and expr.operator == "In" and expr.values:
+                return expr.values[0]
+        return None
+
+    required = affinity.required_during_scheduling_ignored_during_execution
+    if required is not None:
+        pools = [named(term.match_expressions) for term in required.node_selector_terms or []]
+        # A term without a pool constraint lets the pod go anywhere.
+        if pools and all(pools):
+            return pools[0]
+        if pools:
+            return None
+    preferred = sorted(
+        affinity.preferred_during_scheduling_ignored_during_execution or [],
+        key=lambda term: -term.weight,
+    )
+    for term in preferred:
+        pool = named(term.preference.match_expressions)
+        if pool:
+            return pool
+    return None
+
+
+def parse_node(node: k8s.V1Node, settings: KubernetesSettings) -> GpuNode:
+    labels = node.metadata.labels or {}
+    allocatable = (node.status.allocatable or {}) if node.status else {}
+    gpus = allocatable.get(settings.gpu_resource)
+    conditions = (node.status.conditions or []) if node.status else []
+    ready = any(c.type == "Ready" and c.status == "True" for c in conditions)
+    return GpuNode(
+        name=node.metadata.name,
+        pool=labels.get(settings.pool_label, UNPOOLED),
+        gpu_model=labels.get(settings.gpu_model_label, ""),
+        allocatable_gpus=int(parse_quantity(gpus)) if gpus is not None else 0,
+        schedulable=ready and not (node.spec and node.spec.unschedulable),
+    )
+
+
+def parse_pod(pod: k8s.V1Pod, settings: KubernetesSettings) -> GpuPod:
+    return GpuPod(
+        namespace=pod.metadata.namespace,
+        name=pod.metadata.name,
+        phase=pod.status.phase if pod.status and pod.status.phase else "Pending",
+        gpus=pod_gpus(pod, settings.gpu_resource),
+        node=pod.spec.node_name,
+        wanted_pool=wanted_pool(pod, settings.pool_label),
+    )
+
+
+def pool_demand(nodes: Iterable[GpuNode], pods: Iterable[GpuPod]) -> list[PoolDemand]:
+    """Demand and capacity per pool; every pool that has nodes or is wanted appears."""
+    by_node = {node.name: node for node in nodes}
+    running: dict[str, int] = {}
+    pending: dict[str, int] = {}
+    for pod in pods:
+        if pod.gpus == 0 or pod.phase not in ("Running", "Pending"):
+            continue
+        node = by_node.get(pod.node) if pod.node else None
+        pool = node.pool if node is not None else pod.wanted_pool or UNPOOLED
+        target = running if pod.phase == "Running" else pending
+        target[pool] = target.get(pool, 0) + pod.gpus
+    pools = sorted({n.pool for n in by_node.values()} | set(running) | set(pending))
+    out = []
+    for pool in pools:
+        members = [n for n in by_node.values() if n.pool == pool]
+        out.append(
+            PoolDemand(
+                pool=pool,
+                running=running.get(pool, 0),
+                pending=pending.get(pool, 0),
+                capacity=sum(n.allocatable_gpus for n in members if n.schedulable),
+                nodes=len(members),
+                gpu_model=",".join(sorted({n.gpu_model for n in members if n.gpu_model})),
+            )
+        )
+    return out
+
+
+def demand_batches(pools: list[PoolDemand], at: pd.Timestamp) -> list[MetricBatch]:
+    """One batch per metric, one point per pool, stamped `at`. The names match those the
+    store gives trace columns (gpu_demand, running, pending, capacity)."""
+    columns = {
+        "gpu_demand": [p.demand for p in pools],
+        "running": [p.running for p in pools],
+        "pending": [p.pending for p in pools],
+        "capacity": [p.capacity for p in pools],
+        "nodes": [p.nodes for p in pools],
+    }
+    base = pd.DataFrame(
+        {
+            "unique_id": [p.pool for p in pools],
+            "ds": pd.Series([at] * len(pools), dtype="datetime64[ns]"),
+            "gpu_model": [p.gpu_model for p in pools],
+            "unit": "gpus",
+        }
+    )
+    batches = []
+    for metric, values in columns.items():
+        points = base.assign(y=pd.Series(values, dtype="float64"))
+        if metric == "nodes":
+            points = points.assign(unit="nodes")
+        batches.append(MetricBatch(metric, points[["unique_id", "ds", "y", "gpu_model", "unit"]]))
+    return batches
+
+
+class Informer(Generic[T]):
+    """A cache of one resource kind kept current by list + watch."""
+
+    def __init__(
+        self,
+        kind: str,
+        list_call: Callable[..., Any],
+        convert: Callable[[Any], T],
+        settings: KubernetesSettings,
+    ) -> None:
+        self.kind = kind
+        self._list = list_call
+        self._convert = convert
+        self._settings = settings
+        self._items: dict[str, T] = {}
+        self._lock = threading.Lock()
+        self._version: str | None = None
+        self._watch: k8s_watch.Watch | None = None
+        self.error: str | None = "not synced"
+
+    @staticmethod
+    def _key(obj: Any) -> str:
+        return f"{obj.metadata.namespace or ''}/{obj.metadata.name}"
+
+    def sync(self) -> None:
+        """List everything: the cache becomes exactly the server's state."""
+        try:
+            listing = self._list(_request_timeout=self._settings.request_timeout_s)
+        except _API_ERRORS as exc:
+            self.error = f"list {self.kind}: {exc}"
+            raise SourceError(self.error) from exc
+        items = {self._key(obj): self._convert(obj) for obj in listing.items or []}
+        with self._lock:
+            self._items = items
+            self._version = listing.metadata.resource_version
+            self.error = None
+
+    def items(self) -> list[T]:
+        with self._lock:
+            return list(self._items.values())
+
+    def watch_once(self) -> None:
+        """One watch request from the cached version until the server ends it; a 410 Gone
+        (the version was compacted away) clears the version so the next round re-lists."""
+        self._watch = k8s_watch.Watch()
+        try:
+            for event in self._watch.stream(
+                self._list,
+                resource_version=self._version,
+                timeout_seconds=self._settings.watch_timeout_s,
+                _request_timeout=(
+                    self._settings.request_timeout_s,
+                    self._settings.watch_timeout_s + self._settings.request_timeout_s,
+                ),
+            ):
+                obj = event["object"]
+                if event["type"] == "BOOKMARK":
+                    self._version = self._watch.resource_version
+                    continue
+                with self._lock:
+                    if event["type"] == "DELETED":
+                        self._items.pop(self._key(obj), None)
+                    else:
+                        self._items[self._key(obj)] = self._convert(obj)
+                    self._version = obj.metadata.resource_version
+        except k8s.ApiException as exc:
+            if exc.status != 410:
+                raise
+            log.info("watch of %s expired (410 Gone); re-listing", self.kind)
+            self._version = None
+        finally:
+            self._watch = None
+
+    def run(self, stop: threading.Event, backoff_s: float = 1.0) -> None:
+        """List, then watch until `stop`; on failure mark the cache stale and retry."""
+        delay = backoff_s
+        while not stop.is_set():
+            try:
+                if self._version is None or self.error is not None:
+                    self.sync()
+                    log.info("%s: listed %d", self.kind, len(self._items))
+                self.watch_once()
+                delay = backoff_s
+            except (SourceError, *_API_ERRORS) as exc:
+                if stop.is_set():
+                    break
+                if self.error is None:
+                    log.warning("watch of %s lost: %s", self.kind, exc)
+                self.error = f"watch {self.kind}: {exc}"
+                stop.wait(delay)
+                delay = min(delay * 2, 30.0)
+
+    def stop(self) -> None:
+        if self._watch is not None:
+            self._watch.stop()
+
+
+class KubernetesSource(Source):
+    """GPU demand, capacity and node count per pool, from nodes and pods."""
+
+    name = "kubernetes"
+
+    def __init__(self, settings: KubernetesSettings, client: k8s.ApiClient | None = None) -> None:
+        self.settings = settings
+        self._client = client or api_client(settings)
+        core = k8s.CoreV1Api(self._client)
+        self.nodes = Informer("nodes", core.list_node, lambda n: parse_node(n, settings), settings)
+        self.pods = Informer(
+            "pods", core.list_pod_for_all_namespaces, lambda p: parse_pod(p, settings), settings
+        )
+        self._stop = threading.Event()
+        self._threads: list[threading.Thread] = []
+
+    def available(self) -> bool:
+        try:
+            k8s.CoreV1Api(self._client).list_node(
+                limit=1, _request_timeout=self.settings.request_timeout_s
+            )
+            return True
+        except _API_ERRORS:
+            return False
+
+    def start(self) -> None:
+        """Keep nodes and pods watched in the background."""
+        for informer in (self.nodes, self.pods):
+            thread = threading.Thread(
+                target=informer.run, args=(self._stop,), name=f"watch-{informer.kind}", daemon=True
+            )
+            thread.start()
+            self._threads.append(thread)
+
+    def sample(self, at: pd.Timestamp) -> list[MetricBatch]:
+        if not self._threads:
+            self.nodes.sync()
+            self.pods.sync()
+        for informer in (self.nodes, self.pods):
+            if informer.error is not None:
+                # A cache that is not being kept current is not an observation.
+                raise SourceError(informer.error)
+        return demand_batches(pool_demand(self.nodes.items(), self.pods.items()), at)
+
+    def close(self) -> None:
+        self._stop.set()
+        for informer in (self.nodes, self.pods):
+            informer.stop()
+        for thread in self._threads:
+            thread.join(timeout=5)
+        self._threads.clear()
+        self._client.close()
