@@ -1,0 +1,585 @@
+"""A small fake Kubernetes API server for tests: the real `kubernetes` client talks to it.
+
+No API server can be installed on the build machines, so this serves the REST paths the
+product uses, with the semantics the client relies on: lists carry a resourceVersion,
+`?watch=true` streams newline-separated JSON events over chunked HTTP from a given
+resourceVersion (410 Gone once it has been compacted), PUT checks optimistic concurrency,
+PATCH takes merge, strategic-merge (treated as merge) and JSON patches, pods have a
+`status` subresource and an `eviction` subresource, and leases live in
+coordination.k8s.io/v1. Resources are declared in one table, so another kind is a line.
+
+Tests drive it two ways: through the client, as the product does, and directly
+(`create`, `patch`, `delete`, `get`, `objects`) to play the rest of the cluster.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import copy
+import itertools
+import json
+import socket
+import threading
+import uuid
+from collections.abc import Callable
+from dataclasses import dataclass
+from datetime import UTC, datetime
+from http import HTTPStatus
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from pathlib import Path
+from typing import Any
+from urllib.parse import parse_qs, urlsplit
+
+Obj = dict[str, Any]
+
+
+@dataclass(frozen=True)
+class ResourceKind:
+    prefix: str  # "/api/v1" or "/apis/<group>/<version>"
+    plural: str
+    kind: str
+    namespaced: bool
+
+    @property
+    def api_version(self) -> str:
+        return self.prefix.removeprefix("/api/").removeprefix("/apis/")
+
+
+RESOURCES = (
+    ResourceKind("/api/v1", "nodes", "Node", namespaced=False),
+    ResourceKind("/api/v1", "pods", "Pod", namespaced=True),
+    ResourceKind("/api/v1", "namespaces", "Namespace", namespaced=False),
+    ResourceKind("/api/v1", "events", "Event", namespaced=True),
+    ResourceKind("/api/v1", "configmaps", "ConfigMap", namespaced=True),
+    ResourceKind("/apis/coordination.k8s.io/v1", "leases", "Lease", namespaced=True),
+    ResourceKind("/apis/policy/v1", "poddisruptionbudgets", "PodDisruptionBudget", True),
+)
+
+# An eviction policy returns None to allow the eviction, or (HTTP code, message) to refuse
+# it, as a PodDisruptionBudget makes the real API server answer 429.
+EvictionPolicy = Callable[[Obj], tuple[int, str] | None]
+
+
+class ApiError(Exception):
+    def __init__(self, code: int, reason: str, message: str) -> None:
+        super().__init__(message)
+        self.code = code
+        self.reason = reason
+        self.message = message
+
+    def status(self) -> Obj:
+        return status_object(self.code, self.reason, self.message)
+
+
+def status_object(code: int, reason: str, message: str) -> Obj:
+    return {
+        "kind": "Status",
+        "apiVersion": "v1",
+        "metadata": {},
+        "status": "Success" if code < 400 else "Failure",
+        "message": message,
+        "reason": reason,
+        "code": code,
+    }
+
+
+@dataclass(frozen=True)
+class Event:
+    resource_version: int
+    kind: ResourceKind
+    type: str
+    object: Obj
+
+
+def merge_patch(target: Any, patch: Any) -> Any:
+    """RFC 7386 JSON merge patch (strategic merge patches are applied the same way: the
+    fields the product patches, such as labels, taints and spec.unschedulable, agree)."""
+    if not isinstance(patch, dict):
+        return copy.deepcopy(patch)
+    result = dict(target) if isinstance(target, dict) else {}
+    for key, value in patch.items():
+        if value is None:
+            result.pop(key, None)
+        else:
+            result[key] = merge_patch(result.get(key), value)
+    return result
+
+
+def json_patch(target: Obj, operations: list[Obj]) -> Obj:
+    """RFC 6902 operations add, replace, remove and test."""
+    doc = copy.deepcopy(target)
+    for op in operations:
+        parts = [p.replace("~1", "/").replace("~0", "~") for p in op["path"].split("/")[1:]]
+        parent: Any = doc
+        for part in parts[:-1]:
+            parent = parent[int(part)] if isinstance(parent, list) else parent.setdefault(part, {})
+        last = parts[-1]
+        kind = op["op"]
+        if kind == "test":
+            current = parent[int(last)] if isinstance(parent, list) else parent.get(last)
+            if current != op["value"]:
+                raise ApiError(422, "Invalid", f"test failed at {op['path']}")
+        elif kind in ("add", "replace"):
+            if isinstance(parent, list):
+                if last == "-":
+                    parent.append(op["value"])
+                elif kind == "add":
+                    parent.insert(int(last), op["value"])
+                else:
+                    parent[int(last)] = op["value"]
+            else:
+                parent[last] = op["value"]
+        elif kind == "remove":
+            if isinstance(parent, list):
+                del parent[int(last)]
+            else:
+                parent.pop(last, None)
+        else:
+            raise ApiError(422, "Invalid", f"unsupported JSON patch op {kind!r}")
+    return doc
+
+
+def _field(obj: Obj, dotted: str) -> str:
+    value: Any = obj
+    for part in dotted.split("."):
+        value = value.get(part) if isinstance(value, dict) else None
+    return "" if value is None else str(value)
+
+
+def selector_matches(obj: Obj, label_selector: str, field_selector: str) -> bool:
+    """Equality-based label and field selectors (`a=b`, `a==b`, `a!=b`, `a`, `!a`)."""
+    labels = obj.get("metadata", {}).get("labels") or {}
+    for term in filter(None, (t.strip() for t in label_selector.split(","))):
+        if "!=" in term:
+            key, value = term.split("!=", 1)
+            if labels.get(key) == value:
+                return False
+        elif "=" in term:
+            key, value = term.replace("==", "=").split("=", 1)
+            if labels.get(key) != value:
+                return False
+        elif term.startswith("!"):
+            if term[1:] in labels:
+                return False
+        elif term not in labels:
+            return False
+    for term in filter(None, (t.strip() for t in field_selector.split(","))):
+        if "!=" in term:
+            key, value = term.split("!=", 1)
+            if _field(obj, key) == value:
+                return False
+        else:
+            key, value = term.replace("==", "=").split("=", 1)
+            if _field(obj, key) != value:
+                return False
+    return True
+
+
+class FakeKube:
+    """The cluster state and the HTTP server around it; start() binds 127.0.0.1."""
+
+    def __init__(self, resources: tuple[ResourceKind, ...] = RESOURCES) -> None:
+        self.resources = resources
+        self._objects: dict[tuple[str, str, str], Obj] = {}  # (plural, namespace, name)
+        self._events: list[Event] = []
+        self._compacted = 0
+        self._rv = itertools.count(1)
+        self._last_rv = 0
+        self._changed = threading.Condition()
+        self._closing = False
+        self._connections: set[socket.socket] = set()
+        self._generation = 0  # bumped by expire_watches(): open watches end
+        self.eviction_policy: EvictionPolicy = lambda pod: None
+        self.requests: list[tuple[str, str]] = []  # (method, path?query) as received
+        self._server: ThreadingHTTPServer | None = None
+        self._thread: threading.Thread | None = None
+
+    # ---- lifecycle -------------------------------------------------------------------
+    def start(self) -> FakeKube:
+        handler = type("Handler", (_Handler,), {"kube": self})
+        self._server = ThreadingHTTPServer(("127.0.0.1", 0), handler)
+        self._server.daemon_threads = True
+        self._thread = threading.Thread(target=self._server.serve_forever, daemon=True)
+        self._thread.start()
+        return self
+
+    def stop(self) -> None:
+        with self._changed:
+            self._closing = True
+            self._changed.notify_all()
+        if self._server is not None:
+            self._server.shutdown()
+            self._server.server_close()
+        # Kept-alive connections would go on being served: a stopped server is gone.
+        for connection in list(self._connections):
+            with contextlib.suppress(OSError):
+                connection.shutdown(socket.SHUT_RDWR)
+        if self._thread is not None:
+            self._thread.join(timeout=5)
+
+    @property
+    def url(self) -> str:
+        assert self._server is not None, "start() the fake API server first"
+        host, port = self._server.server_address[:2]
+        return f"http://{host}:{port}"
+
+    def write_kubeconfig(self, path: Path) -> Path:
+        """A kubeconfig pointing at this server, as `kubectl` would write it."""
+        config = {
+            "apiVersion": "v1",
+            "kind": "Config",
+            "clusters": [{"name": "fake", "cluster": {"server": self.url}}],
+            "users": [{"name": "tester", "user": {"token": "fake-token"}}],
+            "contexts": [{"name": "fake", "context": {"cluster": "fake", "user": "tester"}}],
+            "current-context": "fake",
+        }
+        path.write_text(json.dumps(config))  # JSON is YAML
+        return path
+
+    # ---- state, used by tests directly and by the HTTP handler -------------------------
+    def kind(self, plural: str) -> ResourceKind:
+        for kind in self.resources:
+            if kind.plural == plural:
+                return kind
+        raise ApiError(404, "NotFound", f"the server could not find resource {plural!r}")
+
+    def _record(self, kind: ResourceKind, type_: str, obj: Obj) -> None:
+        rv = int(obj["metadata"]["resourceVersion"])
+        self._events.append(Event(rv, kind, type_, copy.deepcopy(obj)))
+        self._changed.notify_all()
+
+    def _next_rv(self) -> str:
+        self._last_rv = next(self._rv)
+        return str(self._last_rv)
+
+    def create(self, plural: str, obj: Obj, namespace: str | None = None) -> Obj:
+        kind = self.kind(plural)
+        obj = copy.deepcopy(obj)
+        meta = obj.setdefault("metadata", {})
+        if kind.namespaced:
+            meta["namespace"] = namespace or meta.get("namespace") or "default"
+        if not meta.get("name") and meta.get("generateName"):
+            meta["name"] = meta["generateName"] + uuid.uuid4().hex[:5]
+        if not meta.get("name"):
+            raise ApiError(422, "Invalid", "metadata.name: Required value")
+        key = (plural, meta.get("namespace", ""), meta["name"])
+        with self._changed:
+            if key in self._objects:
+                raise ApiError(409, "AlreadyExists", f'{plural} "{meta["name"]}" already exists')
+            obj["kind"] = kind.kind
+            obj["apiVersion"] = kind.api_version
+            meta["uid"] = str(uuid.uuid4())
+            meta["creationTimestamp"] = datetime.now(UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
+            meta["resourceVersion"] = self._next_rv()
+            if plural == "pods":
+                obj.setdefault("status", {}).setdefault("phase", "Pending")
+            self._objects[key] = obj
+            self._record(kind, "ADDED", obj)
+            return copy.deepcopy(obj)
+
+    def get(self, plural: str, name: str, namespace: str = "") -> Obj:
+        kind = self.kind(plural)
+        key = (plural, namespace if kind.namespaced else "", name)
+        with self._changed:
+            if key not in self._objects:
+                raise ApiError(404, "NotFound", f'{plural} "{name}" not found')
+            return copy.deepcopy(self._objects[key])
+
+    def objects(self, plural: str, namespace: str | None = None) -> list[Obj]:
+        with self._changed:
+            return [
+                copy.deepcopy(o)
+                for (p, ns, _), o in sorted(self._objects.items())
+                if p == plural and (namespace is None or ns == namespace)
+            ]
+
+    def replace(self, plural: str, name: str, obj: Obj, namespace: str = "") -> Obj:
+        kind = self.kind(plural)
+        key = (plural, namespace if kind.namespaced else "", name)
+        with self._changed:
+            if key not in self._objects:
+                raise ApiError(404, "NotFound", f'{plural} "{name}" not found')
+            current = self._objects[key]
+            wanted_rv = obj.get("metadata", {}).get("resourceVersion")
+            if wanted_rv and wanted_rv != current["metadata"]["resourceVersion"]:
+                raise ApiError(
+                    409,
+                    "Conflict",
+                    f'Operation cannot be fulfilled on {plural} "{name}": the object has '
+                    "been modified; please apply your changes to the latest version",
+                )
+            return self._store_update(kind, key, obj)
+
+    def patch(self, plural: str, name: str, patch: Any, namespace: str = "", *, json_ops=False):
+        kind = self.kind(plural)
+        key = (plural, namespace if kind.namespaced else "", name)
+        with self._changed:
+            if key not in self._objects:
+                raise ApiError(404, "NotFound", f'{plural} "{name}" not found')
+            current = self._objects[key]
+            updated = json_patch(current, patch) if json_ops else merge_patch(current, patch)
+            return self._store_update(kind, key, updated)
+
+    def _store_update(self, kind: ResourceKind, key: tuple[str, str, str], obj: Obj) -> Obj:
+        current = self._objects[key]
+        obj = copy.deepcopy(obj)
+        meta = obj.setdefault("metadata", {})
+        for fixed in ("name", "namespace", "uid", "creationTimestamp"):
+            if fixed in current["metadata"]:
+                meta[fixed] = current["metadata"][fixed]
+        obj["kind"] = kind.kind
+        obj["apiVersion"] = kind.api_version
+        meta["resourceVersion"] = self._next_rv()
+        self._objects[key] = obj
+        self._record(kind, "MODIFIED", obj)
+        return copy.deepcopy(obj)
+
+    def delete(self, plural: str, name: str, namespace: str = "") -> Obj:
+        kind = self.kind(plural)
+        key = (plural, namespace if kind.namespaced else "", name)
+        with self._changed:
+            if key not in self._objects:
+                raise ApiError(404, "NotFound", f'{plural} "{name}" not found')
+            obj = self._objects.pop(key)
+            obj["metadata"]["resourceVersion"] = self._next_rv()
+            self._record(kind, "DELETED", obj)
+            return copy.deepcopy(obj)
+
+    def evict(self, name: str, namespace: str) -> Obj:
+        pod = self.get("pods", name, namespace)
+        refusal = self.eviction_policy(pod)
+        if refusal is not None:
+            code, message = refusal
+            raise ApiError(code, HTTPStatus(code).phrase.replace(" ", ""), message)
+        self.delete("pods", name, namespace)
+        return status_object(201, "", "")
+
+    def compact(self) -> None:
+        """Forget the event history, as etcd compaction does: older watches get 410 Gone."""
+        with self._changed:
+            self._compacted = self._last_rv
+            self._events.clear()
+
+    def expire_watches(self) -> None:
+        """End every open watch and make every version handed out so far too old, as an
+        API server restart after a compaction does: clients must re-list (410 Gone)."""
+        with self._changed:
+            self._next_rv()
+            self._compacted = self._last_rv
+            self._events.clear()
+            self._generation += 1
+            self._changed.notify_all()
+
+    def watch_requests(self, plural: str) -> int:
+        return sum(
+            1 for m, p in self.requests if m == "GET" and f"/{plural}?" in p and "watch=" in p
+        )
+
+    def list_requests(self, plural: str) -> int:
+        return sum(
+            1
+            for m, p in self.requests
+            if m == "GET" and (p.endswith(f"/{plural}") or f"/{plural}?" in p) and "watch=" not in p
+        )
+
+    def list_state(self, kind: ResourceKind, namespace: str | None, labels: str, fields: str):
+        with self._changed:
+            items = [
+                copy.deepcopy(o)
+                for (p, ns, _), o in sorted(self._objects.items())
+                if p == kind.plural
+                and (namespace is None or ns == namespace)
+                and selector_matches(o, labels, fields)
+            ]
+            return items, str(self._last_rv)
+
+    def events_after(
+        self,
+        kind: ResourceKind,
+        since: int,
+        namespace: str | None,
+        labels: str,
+        fields: str,
+        timeout: float,
+        generation: int,
+    ) -> list[Event] | None:
+        """Events of `kind` newer than `since`, waiting up to `timeout` for one; None when
+        `since` has been compacted away, the watch was expired or the server is closing."""
+        with self._changed:
+            if since < self._compacted or generation != self._generation:
+                return None
+            found: list[Event] = []
+
+            def collect() -> bool:
+                found.extend(
+                    e
+                    for e in self._events
+                    if e.resource_version > since
+                    and e.kind == kind
+                    and (namespace is None or e.object["metadata"].get("namespace") == namespace)
+                    and selector_matches(e.object, labels, fields)
+                )
+                return bool(found) or self._closing or generation != self._generation
+
+            self._changed.wait_for(collect, timeout=timeout)
+            if self._closing or generation != self._generation:
+                return None
+            return found
+
+
+class _Handler(BaseHTTPRequestHandler):
+    protocol_version = "HTTP/1.1"
+    kube: FakeKube
+
+    def setup(self) -> None:
+        super().setup()
+        self.kube._connections.add(self.connection)
+
+    def finish(self) -> None:
+        self.kube._connections.discard(self.connection)
+        super().finish()
+
+    def log_message(self, format: str, *args: Any) -> None:
+        pass  # quiet: pytest shows failures, not access logs
+
+    # ---- routing ------------------------------------------------------------------------
+    def _route(self) -> tuple[ResourceKind, str | None, str | None, str | None, dict]:
+        """-> (kind, namespace or None, name or None, subresource or None, query)."""
+        parts = urlsplit(self.path)
+        query = {k: v[-1] for k, v in parse_qs(parts.query).items()}
+        segments = [s for s in parts.path.split("/") if s]
+        if segments[:2] == ["api", "v1"]:
+            prefix, rest = "/api/v1", segments[2:]
+        elif segments[:1] == ["apis"] and len(segments) >= 3:
+            prefix, rest = "/" + "/".join(segments[:3]), segments[3:]
+        else:
+            raise ApiError(404, "NotFound", f"no route for {parts.path}")
+        namespace = None
+        if len(rest) >= 3 and rest[0] == "namespaces":
+            namespace, rest = rest[1], rest[2:]
+        if not rest:
+            raise ApiError(404, "NotFound", f"no route for {parts.path}")
+        kind = self.kube.kind(rest[0])
+        if kind.prefix != prefix:
+            raise ApiError(404, "NotFound", f"no route for {parts.path}")
+        name = rest[1] if len(rest) > 1 else None
+        sub = rest[2] if len(rest) > 2 else None
+        return kind, namespace, name, sub, query
+
+    def _body(self) -> Any:
+        length = int(self.headers.get("Content-Length") or 0)
+        return json.loads(self.rfile.read(length) or b"null")
+
+    def _send(self, code: int, payload: Obj) -> None:
+        data = json.dumps(payload).encode()
+        self.send_response(code)
+        self.send_header("Content-Type", "application/json")
+        self.send_header("Content-Length", str(len(data)))
+        self.end_headers()
+        self.wfile.write(data)
+
+    def _handle(self, method: str) -> None:
+        self.kube.requests.append((method, self.path))
+        try:
+            kind, namespace, name, sub, query = self._route()
+            ns = namespace or ""
+            if method == "GET" and name is None:
+                if query.get("watch") in ("true", "1"):
+                    self._watch(kind, namespace, query)
+                    return
+                items, rv = self.kube.list_state(
+                    kind, namespace, query.get("labelSelector", ""), query.get("fieldSelector", "")
+                )
+                self._send(
+                    200,
+                    {
+                        "kind": kind.kind + "List",
+                        "apiVersion": kind.api_version,
+                        "metadata": {"resourceVersion": rv},
+                        "items": items,
+                    },
+                )
+            elif method == "GET":
+                self._send(200, self.kube.get(kind.plural, name, ns))
+            elif method == "POST" and sub == "eviction":
+                self._body()
+                self._send(201, self.kube.evict(name or "", ns))
+            elif method == "POST":
+                self._send(201, self.kube.create(kind.plural, self._body(), namespace))
+            elif method == "PUT":
+                self._send(200, self.kube.replace(kind.plural, name or "", self._body(), ns))
+            elif method == "PATCH":
+                json_ops = self.headers.get("Content-Type", "").startswith("application/json-patch")
+                body = self._body()
+                self._send(
+                    200, self.kube.patch(kind.plural, name or "", body, ns, json_ops=json_ops)
+                )
+            elif method == "DELETE":
+                self._send(200, self.kube.delete(kind.plural, name or "", ns))
+            else:
+                raise ApiError(405, "MethodNotAllowed", method)
+        except ApiError as exc:
+            self._send(exc.code, exc.status())
+
+    def _watch(self, kind: ResourceKind, namespace: str | None, query: dict) -> None:
+        labels = query.get("labelSelector", "")
+        fields = query.get("fieldSelector", "")
+        timeout = float(query.get("timeoutSeconds", 60))
+        self.send_response(200)
+        self.send_header("Content-Type", "application/json")
+        self.send_header("Transfer-Encoding", "chunked")
+        self.end_headers()
+
+        def emit(type_: str, obj: Obj) -> None:
+            line = json.dumps({"type": type_, "object": obj}).encode() + b"\n"
+            self.wfile.write(f"{len(line):x}\r\n".encode() + line + b"\r\n")
+            self.wfile.flush()
+
+        generation = self.kube._generation
+        start = query.get("resourceVersion", "")
+        if start in ("", "0"):
+            # No version: the current state as ADDED events first, as the API server does.
+            items, rv = self.kube.list_state(kind, namespace, labels, fields)
+            for item in items:
+                emit("ADDED", item)
+            since = int(rv)
+        else:
+            since = int(start)
+        deadline = threading.Event()
+        timer = threading.Timer(timeout, deadline.set)
+        timer.start()
+        try:
+            while not deadline.is_set():
+                events = self.kube.events_after(
+                    kind, since, namespace, labels, fields, 0.2, generation
+                )
+                if events is None:
+                    if since < self.kube._compacted:
+                        gone = status_object(410, "Expired", f"too old resource version: {since}")
+                        emit("ERROR", gone)
+                    break
+                for event in events:
+                    emit(event.type, event.object)
+                    since = event.resource_version
+            self.wfile.write(b"0\r\n\r\n")
+            self.wfile.flush()
+        except (BrokenPipeError, ConnectionResetError):
+            pass  # the client stopped watching
+        finally:
+            timer.cancel()
+            self.close_connection = True
+
+    def do_GET(self) -> None:
+        self._handle("GET")
+
+    def do_POST(self) -> None:
+        self._handle("POST")
+
+    def do_PUT(self) -> None:
+        self._handle("PUT")
+
+    def do_PATCH(self) -> None:
+        self._handle("PATCH")
+
+    def do_DELETE(self) -> None:
+        self._handle("DELETE")

@@ -1,0 +1,226 @@
+"""The collector's own rules: retries with backoff, gaps instead of values, sources that work
+go on, backfill resumes where the store stops; and config validation."""
+
+from __future__ import annotations
+
+import threading
+import time
+from pathlib import Path
+
+import pandas as pd
+import pytest
+from prometheus_client import generate_latest
+
+from predictor.errors import InputError
+from predictor.store import TelemetryStore
+from predictor.telemetry.collector import Collector, CollectorMetrics
+from predictor.telemetry.config import load_config
+from predictor.telemetry.sources import (
+    BackfillSource,
+    MetricBatch,
+    RetryPolicy,
+    Source,
+    SourceError,
+    chunk_ranges,
+)
+
+T0 = pd.Timestamp("2026-01-01 00:00:00")
+STEP = pd.Timedelta("15s")
+
+
+def points(uid: str, stamps: list[pd.Timestamp], values: list[float]) -> pd.DataFrame:
+    return pd.DataFrame({"unique_id": uid, "ds": stamps, "y": values})
+
+
+class Steady(Source):
+    """Always answers: y = minutes since T0."""
+
+    name = "steady"
+
+    def available(self) -> bool:
+        return True
+
+    def sample(self, at: pd.Timestamp) -> list[MetricBatch]:
+        return [
+            MetricBatch("gpu_demand", points("pool-a", [at], [(at - T0) / pd.Timedelta("1min")]))
+        ]
+
+
+class Flaky(Source):
+    """Fails while `down` is set; counts attempts."""
+
+    name = "flaky"
+
+    def __init__(self) -> None:
+        self.down = True
+        self.attempts = 0
+
+    def available(self) -> bool:
+        return not self.down
+
+    def sample(self, at: pd.Timestamp) -> list[MetricBatch]:
+        self.attempts += 1
+        if self.down:
+            raise SourceError("connection refused")
+        return [MetricBatch("gpu_util", points("node/0", [at], [50.0]))]
+
+
+class History(BackfillSource):
+    """Keeps y = seconds since T0 on every grid point; can fail from a given time on."""
+
+    name = "history"
+    chunk_steps = 4
+
+    def __init__(self, fail_from: pd.Timestamp | None = None) -> None:
+        self.calls: list[tuple[pd.Timestamp, pd.Timestamp]] = []
+        self.fail_from = fail_from
+
+    def available(self) -> bool:
+        return True
+
+    def sample(self, at: pd.Timestamp) -> list[MetricBatch]:
+        return self.history(at, at, STEP)
+
+    def history(self, start, end, step) -> list[MetricBatch]:
+        self.calls.append((start, end))
+        if self.fail_from is not None and end >= self.fail_from:
+            raise SourceError("timeout")
+        stamps = list(pd.date_range(start, end, freq=step))
+        values = [(s - T0).total_seconds() for s in stamps]
+        return [MetricBatch("gpu_demand", points("cluster", stamps, values))]
+
+
+def test_retry_policy_backs_off_exponentially_to_a_cap() -> None:
+    policy = RetryPolicy(attempts=6, base_delay_s=0.5, factor=2, max_delay_s=3)
+    assert list(policy.delays()) == [0.5, 1.0, 2.0, 3.0, 3.0]
+
+
+def test_chunk_ranges_cover_the_grid_without_overlap() -> None:
+    ranges = chunk_ranges(T0 + pd.Timedelta("5s"), T0 + pd.Timedelta("150s"), STEP, 4)
+    assert ranges == [
+        (T0 + pd.Timedelta("15s"), T0 + pd.Timedelta("60s")),
+        (T0 + pd.Timedelta("75s"), T0 + pd.Timedelta("120s")),
+        (T0 + pd.Timedelta("135s"), T0 + pd.Timedelta("150s")),
+    ]
+
+
+def test_a_down_source_is_retried_recorded_as_a_gap_and_does_not_stop_others(
+    tmp_path: Path,
+) -> None:
+    store = TelemetryStore(tmp_path)
+    flaky, sleeps = Flaky(), []
+    metrics = CollectorMetrics()
+    collector = Collector(
+        store,
+        [Steady(), flaky],
+        STEP,
+        RetryPolicy(attempts=3, base_delay_s=0.5),
+        metrics,
+        clock=lambda: T0 + pd.Timedelta("61s"),
+        sleep=sleeps.append,
+    )
+    outcomes = collector.collect_once()
+    assert [(o.source, o.points, o.error) for o in outcomes] == [
+        ("steady", 1, None),
+        ("flaky", 0, "connection refused"),
+    ]
+    assert flaky.attempts == 3 and sleeps == [0.5, 1.0]
+    gaps = store.gaps()
+    assert list(gaps["source"]) == ["flaky"]
+    assert gaps["start"].iloc[0] == gaps["end"].iloc[0] == T0 + pd.Timedelta("60s")
+    assert store.query("gpu_util").empty  # nothing made up for the down source
+    assert list(store.query("gpu_demand")["y"]) == [1.0]
+
+    flaky.down = False
+    collector.collect_once(T0 + pd.Timedelta("75s"))
+    assert list(store.query("gpu_util")["ds"]) == [T0 + pd.Timedelta("75s")]
+    text = generate_latest(metrics.registry).decode()
+    assert 'gpuscale_collector_source_errors_total{source="flaky"} 1.0' in text
+    assert 'gpuscale_collector_gaps_total{source="flaky"} 1.0' in text
+    assert 'gpuscale_collector_points_written_total{metric="gpu_demand",source="steady"} 2.0' in (
+        text
+    )
+    assert 'gpuscale_collector_source_up{source="flaky"} 1.0' in text
+    # The clock says 61 s; steady's newest point is 75 s: lag -14 s.
+    assert 'gpuscale_collector_lag_seconds{source="steady"} -14.0' in text
+
+
+def test_backfill_resumes_after_the_newest_stored_point(tmp_path: Path) -> None:
+    store = TelemetryStore(tmp_path)
+    history = History()
+    collector = Collector(store, [history], STEP, RetryPolicy(attempts=1))
+    now = T0 + pd.Timedelta("10min")
+    written = collector.backfill(pd.Timedelta("2min"), now)
+    assert written == 9  # 7m45s .. 9m45s: the grid point before now's, 2 min back
+    first = store.query("gpu_demand")
+    assert first["ds"].min() == T0 + pd.Timedelta("7min45s")
+    assert first["ds"].max() == T0 + pd.Timedelta("9min45s")
+    assert [len(pd.date_range(a, b, freq=STEP)) for a, b in history.calls] == [4, 4, 1]
+    history.calls.clear()
+    collector.backfill(pd.Timedelta("2min"), now + pd.Timedelta("1min"))
+    assert history.calls == [(T0 + pd.Timedelta("10min"), T0 + pd.Timedelta("10min45s"))]
+    stored = store.query("gpu_demand")
+    assert (stored["y"] == (stored["ds"] - T0).dt.total_seconds()).all()
+    assert stored["ds"].diff().dropna().eq(STEP).all()  # one unbroken grid
+
+
+def test_backfill_that_fails_records_the_rest_as_a_gap(tmp_path: Path) -> None:
+    store = TelemetryStore(tmp_path)
+    history = History(fail_from=T0 + pd.Timedelta("9min"))
+    collector = Collector(store, [history], STEP, RetryPolicy(attempts=2, base_delay_s=0))
+    collector.backfill(pd.Timedelta("2min"), T0 + pd.Timedelta("10min"))
+    assert len(history.calls) == 1 + 2  # first chunk, then the failing one twice, then stop
+    [gap] = store.gaps("history").itertuples()
+    assert (gap.start, gap.end) == (T0 + pd.Timedelta("8min45s"), T0 + pd.Timedelta("9min45s"))
+    assert gap.reason.startswith("backfill failed: timeout")
+    assert store.query("gpu_demand")["ds"].max() == T0 + pd.Timedelta("8min30s")
+
+
+def test_the_daemon_samples_on_the_grid_and_stops(tmp_path: Path) -> None:
+    store = TelemetryStore(tmp_path)
+    interval = pd.Timedelta("1s")
+    flaky = Flaky()
+    collector = Collector(store, [Steady(), flaky], interval, RetryPolicy(attempts=1))
+    stop = threading.Event()
+    runner = threading.Thread(target=collector.run, args=(stop,))
+    runner.start()
+    time.sleep(2.5)
+    stop.set()
+    runner.join(timeout=5)
+    assert not runner.is_alive()
+    demand = store.query("gpu_demand")
+    assert len(demand) >= 2
+    assert (demand["ds"] == demand["ds"].dt.floor("1s")).all()
+    assert len(store.gaps("flaky")) == len(demand)  # one gap per sample it owed
+
+
+def test_config_errors_name_the_field_and_line(tmp_path: Path) -> None:
+    path = tmp_path / "collect.yaml"
+    path.write_text("interval_s: 15\nprometheus:\n  url: prometheus:9090\n")
+    with pytest.raises(InputError) as err:
+        load_config(path)
+    assert err.value.line == 3
+    assert "prometheus.url" in str(err.value) and str(path) in str(err.value)
+    path.write_text("interval_s: 15\nkubernetes:\n  pool_lable: x\n")
+    with pytest.raises(InputError, match=r"kubernetes\.pool_lable: Extra inputs"):
+        load_config(path)
+    path.write_text("interval_s: [\n")
+    with pytest.raises(InputError, match="not valid YAML"):
+        load_config(path)
+
+
+def test_environment_overrides_the_file(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    path = tmp_path / "collect.yaml"
+    path.write_text("interval_s: 15\nprometheus:\n  url: http://prometheus:9090\n")
+    monkeypatch.setenv("GPUSCALE_INTERVAL_S", "30")
+    monkeypatch.setenv("GPUSCALE_PROMETHEUS__TIMEOUT_S", "2.5")
+    config = load_config(path)
+    assert config.interval_s == 30
+    assert config.prometheus is not None
+    assert (config.prometheus.url, config.prometheus.timeout_s) == ("http://prometheus:9090", 2.5)
+    assert [s.metric for s in config.prometheus.series] == [
+        "gpu_util",
+        "gpu_fb_used_mib",
+        "gpu_fb_free_mib",
+        "gpu_demand",
+    ]

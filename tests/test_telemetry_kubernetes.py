@@ -1,0 +1,271 @@
+"""GPU demand per node pool from the Kubernetes API: the real `kubernetes` client against the
+fake API server (tests/fake_kube.py), configured from a kubeconfig as in a cluster."""
+
+from __future__ import annotations
+
+import json
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import pandas as pd
+import pytest
+from fake_kube import FakeKube
+from kubernetes import client as k8s
+from typer.testing import CliRunner
+
+from predictor.store import TelemetryStore
+from predictor.telemetry.collector import Collector
+from predictor.telemetry.config import KubernetesSettings
+from predictor.telemetry.kubernetes import (
+    UNPOOLED,
+    GpuNode,
+    GpuPod,
+    KubernetesSource,
+    api_client,
+    pool_demand,
+)
+from predictor.telemetry.sources import RetryPolicy, SourceError
+from scaler.cli import app
+
+POOL = "gpuscale.io/pool"
+MODEL = "nvidia.com/gpu.product"
+AT = pd.Timestamp("2026-01-01 00:00:00")
+
+
+def node(name: str, pool: str, model: str, gpus: int, *, cordoned: bool = False) -> dict:
+    return {
+        "metadata": {"name": name, "labels": {POOL: pool, MODEL: model}},
+        "spec": {"unschedulable": cordoned},
+        "status": {
+            "allocatable": {"nvidia.com/gpu": str(gpus), "cpu": "96", "memory": "1Ti"},
+            "conditions": [{"type": "Ready", "status": "True"}],
+        },
+    }
+
+
+def pod(
+    name: str,
+    gpus: tuple[int, ...],
+    phase: str,
+    *,
+    node_name: str | None = None,
+    selector: dict | None = None,
+    affinity: dict | None = None,
+    init_gpus: int = 0,
+) -> dict:
+    def container(i: int, n: int) -> dict:
+        amounts = {"nvidia.com/gpu": str(n)} if n else {}
+        return {
+            "name": f"c{i}",
+            "image": "trainer:1",
+            "resources": {"requests": {"cpu": "1", **amounts}, "limits": amounts},
+        }
+
+    spec: dict = {"containers": [container(i, n) for i, n in enumerate(gpus)]}
+    if init_gpus:
+        spec["initContainers"] = [container(9, init_gpus)]
+    if node_name:
+        spec["nodeName"] = node_name
+    if selector:
+        spec["nodeSelector"] = selector
+    if affinity:
+        spec["affinity"] = affinity
+    return {"metadata": {"name": name, "namespace": "ml"}, "spec": spec, "status": {"phase": phase}}
+
+
+def required_pools(*pools: str) -> dict:
+    expr = {"key": POOL, "operator": "In", "values": list(pools)}
+    return {
+        "nodeAffinity": {
+            "requiredDuringSchedulingIgnoredDuringExecution": {
+                "nodeSelectorTerms": [{"matchExpressions": [expr]}]
+            }
+        }
+    }
+
+
+def preferred_pool(pool: str) -> dict:
+    term = {"matchExpressions": [{"key": POOL, "operator": "In", "values": [pool]}]}
+    return {
+        "nodeAffinity": {
+            "preferredDuringSchedulingIgnoredDuringExecution": [{"weight": 50, "preference": term}]
+        }
+    }
+
+
+@pytest.fixture
+def cluster(tmp_path: Path) -> Iterator[tuple[FakeKube, KubernetesSettings]]:
+    """Two pools: a100 (2 nodes of 8 GPUs, one cordoned) and h100 (1 node of 4 GPUs)."""
+    fake = FakeKube().start()
+    for obj in (
+        node("a100-1", "a100", "NVIDIA-A100-SXM4-80GB", 8),
+        node("a100-2", "a100", "NVIDIA-A100-SXM4-80GB", 8, cordoned=True),
+        node("h100-1", "h100", "NVIDIA-H100-80GB-HBM3", 4),
+    ):
+        fake.create("nodes", obj)
+    for obj in (
+        pod("train-a", (2, 2), "Running", node_name="a100-1"),
+        pod("train-b", (2,), "Running", node_name="h100-1"),
+        pod("queued-a", (8,), "Pending", selector={POOL: "a100"}),
+        pod("queued-h", (2,), "Pending", affinity=required_pools("h100", "a100")),
+        pod("queued-pref", (1,), "Pending", affinity=preferred_pool("h100"), init_gpus=2),
+        pod("queued-any", (1,), "Pending"),
+        pod("done", (8,), "Succeeded", node_name="a100-1"),
+        pod("cpu-only", (0,), "Running", node_name="a100-1"),
+    ):
+        fake.create("pods", obj)
+    settings = KubernetesSettings(
+        kubeconfig=fake.write_kubeconfig(tmp_path / "kubeconfig"),
+        watch_timeout_s=30,
+        request_timeout_s=5,
+    )
+    yield fake, settings
+    fake.stop()
+
+
+def demand_of(source: KubernetesSource) -> dict[str, dict[str, float]]:
+    """metric -> pool -> value, from one sample."""
+    return {
+        batch.metric: dict(zip(batch.points["unique_id"], batch.points["y"], strict=True))
+        for batch in source.sample(AT)
+    }
+
+
+def wait_for_demand(source: KubernetesSource, want: dict[str, float], timeout_s: float = 10):
+    deadline = time.monotonic() + timeout_s
+    while True:
+        try:
+            got = demand_of(source)["gpu_demand"]
+        except SourceError:
+            got = {}
+        if got == want:
+            return
+        if time.monotonic() > deadline:
+            raise AssertionError(f"demand {got}, wanted {want}")
+        time.sleep(0.05)
+
+
+def test_pool_demand_is_running_plus_pending_of_each_pool() -> None:
+    nodes = [
+        GpuNode("n1", "a", "A100", 8, schedulable=True),
+        GpuNode("n2", "a", "A100", 8, schedulable=False),
+        GpuNode("n3", "b", "H100", 4, schedulable=True),
+    ]
+    pods = [
+        GpuPod("ml", "r1", "Running", 3, "n1", None),
+        GpuPod("ml", "r2", "Running", 2, "n3", "a"),  # runs where it runs, whatever it asked
+        GpuPod("ml", "p1", "Pending", 4, None, "b"),
+        GpuPod("ml", "p2", "Pending", 1, "n2", None),  # bound, not yet running
+        GpuPod("ml", "p3", "Pending", 2, None, "c"),  # a pool with no nodes yet
+        GpuPod("ml", "s1", "Succeeded", 8, "n1", None),
+        GpuPod("ml", "f1", "Failed", 8, "n1", None),
+    ]
+    by_pool = {p.pool: p for p in pool_demand(nodes, pods)}
+    assert {k: (v.running, v.pending, v.demand) for k, v in by_pool.items()} == {
+        "a": (3, 1, 4),
+        "b": (2, 4, 6),
+        "c": (0, 2, 2),
+    }
+    assert (by_pool["a"].capacity, by_pool["a"].nodes) == (8, 2)
+    assert (by_pool["c"].capacity, by_pool["c"].nodes) == (0, 0)
+    assert sum(p.demand for p in by_pool.values()) == 12  # each pod counted once
+
+
+def test_one_shot_sample_lists_nodes_and_pods(cluster) -> None:
+    fake, settings = cluster
+    source = KubernetesSource(settings)
+    try:
+        assert source.available()
+        got = demand_of(source)
+    finally:
+        source.close()
+    # a100: 4 running + 8 pending; h100: 2 running + 2 (required, first of two pools)
+    # + 2 (preferred; its init container needs 2); unpooled: 1 pending with no preference
+    assert got["gpu_demand"] == {"a100": 12.0, "h100": 6.0, UNPOOLED: 1.0}
+    assert got["running"] == {"a100": 4.0, "h100": 2.0, UNPOOLED: 0.0}
+    assert got["pending"] == {"a100": 8.0, "h100": 4.0, UNPOOLED: 1.0}
+    assert got["capacity"] == {"a100": 8.0, "h100": 4.0, UNPOOLED: 0.0}  # a100-2 is cordoned
+    assert got["nodes"] == {"a100": 2.0, "h100": 1.0, UNPOOLED: 0.0}
+    assert fake.watch_requests("pods") == 0
+
+
+def test_watched_demand_follows_pod_changes(cluster) -> None:
+    fake, settings = cluster
+    source = KubernetesSource(settings)
+    source.start()
+    try:
+        wait_for_demand(source, {"a100": 12.0, "h100": 6.0, UNPOOLED: 1.0})
+        lists_after_sync = fake.list_requests("pods")
+        core = k8s.CoreV1Api(api_client(settings))
+        # The scheduler binds queued-a to a100-2's neighbour and it starts: still a100.
+        fake.patch("pods", "queued-a", {"spec": {"nodeName": "a100-1"}}, "ml")
+        fake.patch("pods", "queued-a", {"status": {"phase": "Running"}}, "ml")
+        # train-b finishes and is deleted; a new 4-GPU job is queued for h100.
+        core.delete_namespaced_pod("train-b", "ml")
+        core.create_namespaced_pod("ml", pod("new-h", (4,), "Pending", selector={POOL: "h100"}))
+        wait_for_demand(source, {"a100": 12.0, "h100": 8.0, UNPOOLED: 1.0})
+        running = demand_of(source)["running"]
+        assert running == {"a100": 12.0, "h100": 0.0, UNPOOLED: 0.0}
+        # Watched, not polled: no list since the first one.
+        assert fake.list_requests("pods") == lists_after_sync
+        assert fake.watch_requests("pods") >= 1
+
+        # The API server loses its watch history: the informer gets 410 Gone, re-lists.
+        fake.expire_watches()
+        fake.create("pods", pod("late", (2,), "Pending", selector={POOL: "a100"}))
+        fake.delete("pods", "queued-any", "ml")
+        wait_for_demand(source, {"a100": 14.0, "h100": 8.0})
+        assert fake.list_requests("pods") > lists_after_sync
+    finally:
+        started = time.monotonic()
+        source.close()
+        assert time.monotonic() - started < 3  # watches stop promptly
+
+
+def test_api_server_down_is_a_source_error_and_a_gap(cluster, tmp_path: Path) -> None:
+    fake, settings = cluster
+    source = KubernetesSource(settings)
+    store = TelemetryStore(tmp_path / "state")
+    collector = Collector(
+        store, [source], pd.Timedelta("15s"), RetryPolicy(attempts=2, base_delay_s=0.01)
+    )
+    try:
+        [ok] = collector.collect_once(AT)
+        assert ok.error is None and ok.points == 15  # 5 metrics x 3 series
+        fake.stop()
+        [down] = collector.collect_once(AT + pd.Timedelta("15s"))
+    finally:
+        source.close()
+    assert down.error is not None and "list nodes" in down.error
+    gaps = store.gaps("kubernetes")
+    assert list(gaps["start"]) == [AT + pd.Timedelta("15s")]
+    assert list(store.query("gpu_demand")["ds"].unique()) == [AT]
+
+
+def test_collect_once_writes_demand_per_pool(cluster, tmp_path: Path) -> None:
+    _, settings = cluster
+    config = tmp_path / "collect.yaml"
+    config.write_text(
+        json.dumps(
+            {"interval_s": 60, "kubernetes": {"kubeconfig": str(settings.kubeconfig)}},
+        )
+    )
+    state_dir = tmp_path / "state"
+    result = CliRunner().invoke(
+        app, ["collect", "--once", "--json", "--config", str(config), "--state-dir", str(state_dir)]
+    )
+    assert result.exit_code == 0, result.output
+    [sample] = json.loads(result.output)["samples"]
+    assert sample["source"] == "kubernetes" and sample["error"] is None
+    at = pd.Timestamp(sample["at"])
+    assert at == at.floor("60s")
+    store = TelemetryStore(state_dir)
+    demand = store.query("gpu_demand")
+    assert dict(zip(demand["unique_id"], demand["y"], strict=True)) == {
+        "a100": 12.0,
+        "h100": 6.0,
+        UNPOOLED: 1.0,
+    }
+    labels = store.series("gpu_demand").set_index("unique_id")["labels"]
+    assert labels["a100"] == {"gpu_model": "NVIDIA-A100-SXM4-80GB", "unit": "gpus"}
