@@ -223,4 +223,6 @@ def test_environment_overrides_the_file(tmp_path: Path, monkeypatch: pytest.Monk
         "gpu_fb_used_mib",
         "gpu_fb_free_mib",
         "gpu_demand",
+        "running",
+        "pending",
     ]

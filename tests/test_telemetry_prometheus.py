@@ -53,8 +53,8 @@ class ClusterState:
     fb_used: tuple[float, ...]
     pods: tuple[tuple[str, tuple[int, ...], str], ...]  # (pod, GPUs per container, phase)
 
-    def demand(self) -> float:
-        return float(sum(sum(c) for _, c, phase in self.pods if phase in ("Running", "Pending")))
+    def gpus(self, *phases: str) -> float:
+        return float(sum(sum(c) for _, c, phase in self.pods if phase in phases))
 
     def values(self, extra: Labels = ()) -> Values:
         out: Values = {
@@ -94,7 +94,9 @@ class ClusterState:
             "gpu_util": {},
             "gpu_fb_used_mib": {},
             "gpu_fb_free_mib": {},
-            "gpu_demand": {"cluster": self.demand()},
+            "gpu_demand": {"cluster": self.gpus("Running", "Pending")},
+            "running": {"cluster": self.gpus("Running")},
+            "pending": {"cluster": self.gpus("Pending")},
         }
         for i, (host, gpu, _, _, total) in enumerate(GPUS):
             out["gpu_util"][f"{host}/{gpu}"] = self.util[i]
@@ -225,7 +227,7 @@ def test_backfill_and_live_samples_are_stored_point_for_point(
     for t in range(history_end + 1, tick_2 + 1):
         shown[t] = changed if t >= scraped_at else live
     store = TelemetryStore(state_dir)
-    for metric in ("gpu_util", "gpu_fb_used_mib", "gpu_fb_free_mib", "gpu_demand"):
+    for metric in live.expected():
         pd.testing.assert_frame_equal(
             stored(store, metric), expected_frame(shown, metric), check_exact=True
         )

@@ -22,15 +22,18 @@ from predictor.telemetry.sources import RetryPolicy
 # DCGM exporter series carry pod labels that come and go with the pods on a GPU; keeping
 # only the GPU's identity makes one stable series per GPU (max of one value is the value).
 _GPU_LABELS = "Hostname, gpu, UUID, modelName"
-# GPUs requested by pods that are Running or Pending (the Helios demand definition),
-# summed over the cluster. The `or` branch yields 0 only when kube-state-metrics is being
-# scraped and no GPU pod exists, so an outage of kube-state-metrics stays a gap.
-CLUSTER_DEMAND_QUERY = (
-    'sum(kube_pod_container_resource_requests{resource="nvidia_com_gpu"}'
-    " * on (namespace, pod) group_left ()"
-    ' max by (namespace, pod) (kube_pod_status_phase{phase=~"Running|Pending"} == 1))'
-    " or on () (0 * count(kube_pod_status_phase))"
-)
+
+
+def pod_gpu_requests(phases: str) -> str:
+    """PromQL: GPUs requested by pods whose phase matches the regex `phases`, summed over
+    the cluster (kube-state-metrics). The `or` branch yields 0 only while kube-state-metrics
+    is being scraped and no such pod exists, so its outage stays a gap, never a 0."""
+    return (
+        'sum(kube_pod_container_resource_requests{resource="nvidia_com_gpu"}'
+        " * on (namespace, pod) group_left ()"
+        f' max by (namespace, pod) (kube_pod_status_phase{{phase=~"{phases}"}} == 1))'
+        " or on () (0 * count(kube_pod_status_phase))"
+    )
 
 
 class _Section(BaseModel):
@@ -56,7 +59,15 @@ DEFAULT_SERIES: tuple[PromSeries, ...] = (
     PromSeries(metric="gpu_util", query=f"max by ({_GPU_LABELS}) (DCGM_FI_DEV_GPU_UTIL)"),
     PromSeries(metric="gpu_fb_used_mib", query=f"max by ({_GPU_LABELS}) (DCGM_FI_DEV_FB_USED)"),
     PromSeries(metric="gpu_fb_free_mib", query=f"max by ({_GPU_LABELS}) (DCGM_FI_DEV_FB_FREE)"),
-    PromSeries(metric="gpu_demand", query=CLUSTER_DEMAND_QUERY, unique_id="cluster", labels=()),
+    # The Helios demand definition: GPUs of running plus pending pods.
+    PromSeries(
+        metric="gpu_demand",
+        query=pod_gpu_requests("Running|Pending"),
+        unique_id="cluster",
+        labels=(),
+    ),
+    PromSeries(metric="running", query=pod_gpu_requests("Running"), unique_id="cluster", labels=()),
+    PromSeries(metric="pending", query=pod_gpu_requests("Pending"), unique_id="cluster", labels=()),
 )
 
 

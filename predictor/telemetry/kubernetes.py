@@ -14,6 +14,7 @@ and running pods on unlabelled nodes, are counted in the series `unpooled`.
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import threading
 from collections.abc import Callable, Iterable
@@ -349,7 +350,11 @@ class KubernetesSource(Source):
             return False
 
     def start(self) -> None:
-        """Keep nodes and pods watched in the background."""
+        """Keep nodes and pods watched in the background; the first list happens here, so
+        the first sample has data (if it fails, the watch threads keep trying)."""
+        for informer in (self.nodes, self.pods):
+            with contextlib.suppress(SourceError):
+                informer.sync()
         for informer in (self.nodes, self.pods):
             thread = threading.Thread(
                 target=informer.run, args=(self._stop,), name=f"watch-{informer.kind}", daemon=True
