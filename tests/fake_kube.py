@@ -5,7 +5,7 @@ product uses, with the semantics the client relies on: lists carry a resourceVer
 `?watch=true` streams newline-separated JSON events over chunked HTTP from a given
 resourceVersion (410 Gone once it has been compacted), PUT checks optimistic concurrency,
 PATCH takes merge, strategic-merge (treated as merge) and JSON patches, pods have a
-`status` subresource and an `eviction` subresource, and leases live in
+`status`, `eviction` and `binding` subresources, and leases live in
 coordination.k8s.io/v1. Resources are declared in one table, so another kind is a line.
 
 Tests drive it two ways: through the client, as the product does, and directly
@@ -53,6 +53,8 @@ RESOURCES = (
     ResourceKind("/api/v1", "configmaps", "ConfigMap", namespaced=True),
     ResourceKind("/apis/coordination.k8s.io/v1", "leases", "Lease", namespaced=True),
     ResourceKind("/apis/policy/v1", "poddisruptionbudgets", "PodDisruptionBudget", True),
+    ResourceKind("/apis/scheduling.k8s.io/v1", "priorityclasses", "PriorityClass", False),
+    ResourceKind("/apis/apps/v1", "deployments", "Deployment", namespaced=True),
 )
 
 # An eviction policy returns None to allow the eviction, or (HTTP code, message) to refuse
@@ -504,6 +506,10 @@ class _Handler(BaseHTTPRequestHandler):
             elif method == "POST" and sub == "eviction":
                 self._body()
                 self._send(201, self.kube.evict(name or "", ns))
+            elif method == "POST" and sub == "binding":
+                target = self._body()["target"]["name"]
+                self.kube.patch(kind.plural, name or "", {"spec": {"nodeName": target}}, ns)
+                self._send(201, status_object(201, "", ""))
             elif method == "POST":
                 self._send(201, self.kube.create(kind.plural, self._body(), namespace))
             elif method == "PUT":

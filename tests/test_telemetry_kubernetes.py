@@ -269,3 +269,49 @@ def test_collect_once_writes_demand_per_pool(cluster, tmp_path: Path) -> None:
     }
     labels = store.series("gpu_demand").set_index("unique_id")["labels"]
     assert labels["a100"] == {"gpu_model": "NVIDIA-A100-SXM4-80GB", "unit": "gpus"}
+
+
+def test_fake_api_server_serves_cordon_drain_binding_and_leases(cluster) -> None:
+    """The paths a later drain and leader election use, through the real client."""
+    fake, settings = cluster
+    api = api_client(settings)
+    core, leases = k8s.CoreV1Api(api), k8s.CoordinationV1Api(api)
+    core.patch_node("a100-1", {"spec": {"unschedulable": True}})  # cordon
+    assert fake.get("nodes", "a100-1")["spec"]["unschedulable"] is True
+    on_node = core.list_pod_for_all_namespaces(field_selector="spec.nodeName=a100-1")
+    assert sorted(p.metadata.name for p in on_node.items) == ["cpu-only", "done", "train-a"]
+
+    fake.eviction_policy = lambda pod: (
+        (429, "Cannot evict pod as it would violate the pod's disruption budget.")
+        if pod["metadata"]["name"] == "train-a"
+        else None
+    )
+    eviction = k8s.V1Eviction(metadata=k8s.V1ObjectMeta(name="cpu-only", namespace="ml"))
+    core.create_namespaced_pod_eviction("cpu-only", "ml", eviction)
+    with pytest.raises(k8s.ApiException) as refused:
+        blocked = k8s.V1Eviction(metadata=k8s.V1ObjectMeta(name="train-a", namespace="ml"))
+        core.create_namespaced_pod_eviction("train-a", "ml", blocked)
+    assert refused.value.status == 429
+    assert [p["metadata"]["name"] for p in fake.objects("pods", "ml")].count("cpu-only") == 0
+
+    binding = k8s.V1Binding(
+        metadata=k8s.V1ObjectMeta(name="queued-h"),
+        target=k8s.V1ObjectReference(kind="Node", name="h100-1"),
+    )
+    core.create_namespaced_pod_binding("queued-h", "ml", binding, _preload_content=False)
+    assert fake.get("pods", "queued-h", "ml")["spec"]["nodeName"] == "h100-1"
+
+    spec = k8s.V1LeaseSpec(holder_identity="replica-1", lease_duration_seconds=15)
+    lease = k8s.V1Lease(metadata=k8s.V1ObjectMeta(name="gpuscale"), spec=spec)
+    created = leases.create_namespaced_lease("kube-system", lease)
+    with pytest.raises(k8s.ApiException) as exists:
+        leases.create_namespaced_lease("kube-system", lease)
+    assert exists.value.status == 409
+    created.spec.holder_identity = "replica-2"
+    leases.replace_namespaced_lease("gpuscale", "kube-system", created)
+    with pytest.raises(k8s.ApiException) as stale:  # the old resourceVersion lost the race
+        leases.replace_namespaced_lease("gpuscale", "kube-system", created)
+    assert stale.value.status == 409
+    current = leases.read_namespaced_lease("gpuscale", "kube-system")
+    assert current.spec.holder_identity == "replica-2"
+    api.close()
