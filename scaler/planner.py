@@ -457,8 +457,8 @@ def _size_pools(
     lack = _unmet(desired, add_to, outlooks, pools)
     for g in sorted(range(len(needs)), key=lambda i: -lack[i]):
         while lack[g] > 1e-9:
-            pool = _cheapest(pools, outlooks[g], desired, lack[g], policy, backoff, step)
-            if pool is None:
+            choice = _cheapest(pools, outlooks[g], desired, lack[g], policy, backoff, step)
+            if choice is None:
                 for p in pools:
                     if _serves(p, outlooks[g]):
                         notes[p.name].append(
@@ -466,8 +466,7 @@ def _size_pools(
                             "that may serve it at max size"
                         )
                 break
-            room = pool.max_size - desired[pool.name]
-            nodes = min(room, max(1, math.ceil(lack[g] / pool.gpus_per_node - 1e-9)))
+            pool, nodes = choice
             desired[pool.name] += nodes
             lack = _unmet(desired, add_to, outlooks, pools)
 
@@ -552,21 +551,34 @@ def _cheapest(
     policy: PlannerPolicy,
     backoff: Mapping[str, int],
     step: int,
-) -> NodePool | None:
-    """The pool whose nodes cover `lack` GPUs at the least cost (or energy): per GPU for
-    a big lack; for the last partial node, whole nodes count (one small node may beat a
-    big one that is cheaper per GPU). Spot pools in back-off go last."""
+) -> tuple[NodePool, int] | None:
+    """The next nodes to add for `lack` GPUs: whole nodes the lack fills, from the pool
+    cheapest per GPU (or per watt); when the lack is smaller than any node, the pool whose
+    covering nodes cost least in total (one small node may beat a big one that is cheaper
+    per GPU). Spot pools backing off after an interruption come last."""
     candidates = [p for p in pools if _serves(p, outlook) and desired[p.name] < p.max_size]
     if not candidates:
         return None
 
-    def key(p: NodePool) -> tuple[bool, float]:
-        nodes = math.ceil(lack / p.gpus_per_node - 1e-9)
-        cost = _unit_cost(p, policy.objective) * p.gpus_per_node
-        per_need = nodes * cost / max(lack, 1e-9) if nodes <= 1 else cost / p.gpus_per_node
-        return (backoff.get(p.name, -1) > step, per_need)
+    def backing_off(p: NodePool) -> bool:
+        return backoff.get(p.name, -1) > step
 
-    return min(candidates, key=key)
+    filled = [p for p in candidates if p.gpus_per_node <= lack + 1e-9]
+    if filled:
+        best = min(filled, key=lambda p: (backing_off(p), _unit_cost(p, policy.objective)))
+        nodes = int((lack + 1e-9) // best.gpus_per_node)
+    else:
+        best = min(
+            candidates,
+            key=lambda p: (
+                backing_off(p),
+                math.ceil(lack / p.gpus_per_node - 1e-9)
+                * p.gpus_per_node
+                * _unit_cost(p, policy.objective),
+            ),
+        )
+        nodes = math.ceil(lack / best.gpus_per_node - 1e-9)
+    return best, min(nodes, best.max_size - desired[best.name])
 
 
 def _max_removable(

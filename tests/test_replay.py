@@ -1,0 +1,178 @@
+"""The trace replay follows BENCHMARKS.md to the letter, and runs on slices of real traces."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+import pytest
+from forecasters import ChangeQuantileForecaster
+
+from predictor.loaders import load_trace
+from scaler.planner import PlannerPolicy
+from scaler.replay import (
+    CesPolicy,
+    OraclePolicy,
+    ReplaySeries,
+    StaticPolicy,
+    horizon_mean_weights,
+    replay,
+)
+from scaler.scaling_bench import BenchSettings, bench_trace, prepare_trace, summarize
+
+STEP = pd.Timedelta("10min")
+
+
+def series(
+    demand: list[float], warmup: int = 1, start: int = 1, bound: list[float] | None = None
+) -> ReplaySeries:
+    d = np.asarray(demand, dtype=float)
+    return ReplaySeries(
+        trace="hand",
+        series="s",
+        ds=np.arange(d.size) * np.timedelta64(10, "m") + np.datetime64("2024-01-01"),
+        demand=d,
+        static=np.full(d.size, 10.0),
+        bound=None if bound is None else np.asarray(bound, dtype=float),
+        warmup=warmup,
+        start=start,
+        end=d.size,
+        step=STEP,
+    )
+
+
+@dataclass
+class Scripted:
+    """Targets fixed in advance; records what the replay showed it."""
+
+    targets: list[int]
+    name: str = "scripted"
+
+    def __post_init__(self) -> None:
+        self.seen: list[tuple[int, int, int]] = []
+
+    def target(self, t: int, ready: int, booting: int) -> int:
+        self.seen.append((t, ready, booting))
+        return self.targets[t]
+
+
+def test_lag_one_nodes_serve_from_the_next_step_and_are_paid_from_the_request() -> None:
+    s = series([0, 2, 5, 5, 1])
+    policy = Scripted([0, 2, 5, 5, 1])
+    out = replay(s, policy, lag=1)
+    assert out.paid.tolist() == [2, 5, 5, 1]
+    assert out.ready.tolist() == [0, 2, 5, 1]  # removal is instant, additions one step late
+    assert out.shortage.tolist() == [2, 3, 0, 0]
+    assert out.actions == 3
+    assert policy.seen[:3] == [(1, 0, 0), (2, 2, 0), (3, 5, 0)]
+
+
+def test_removal_cancels_booting_nodes_before_ready_ones() -> None:
+    s = series([0, 0, 0, 0, 0])
+    out = replay(s, Scripted([0, 4, 6, 3, 3]), lag=2)
+    # Step 2: 4 booting (ready at 3), 2 more booting (ready at 4); step 3: 4 are ready,
+    # the target 3 cancels the 2 still booting and one ready node.
+    assert out.ready.tolist() == [0, 0, 3, 3]
+
+
+def test_fleet_never_exceeds_the_capacity_bound() -> None:
+    s = series([0, 9, 9, 9], bound=[5, 5, 5, 5])
+    out = replay(s, Scripted([9, 9, 9, 9]), lag=0)
+    assert out.paid.max() == 5
+    assert out.shortage.tolist() == [4, 4, 4]
+
+
+def test_oracle_is_short_nowhere_and_pays_the_lead() -> None:
+    rng = np.random.default_rng(1)
+    demand = np.clip(np.cumsum(rng.integers(-5, 6, size=300)) + 60, 0, None).astype(float)
+    s = series(demand.tolist(), warmup=1, start=10)
+    for lag in (0, 1, 3):
+        out = replay(s, OraclePolicy(demand, lag), lag)
+        assert out.shortage.sum() == 0
+        expected = sum(demand[t : t + lag + 1].max() for t in range(10, demand.size))
+        assert out.paid.sum() == expected
+
+
+def test_static_holds_the_real_capacity() -> None:
+    out = replay(series([3, 4, 12, 5], start=2), StaticPolicy(np.full(4, 10.0)), lag=1)
+    assert out.paid.tolist() == [10, 10]
+    assert out.shortage.tolist() == [2, 0]
+
+
+def test_ces_scales_to_demand_plus_buffer_after_a_shortage_and_keeps() -> None:
+    demand = [10.0, 10, 20, 20, 12, 11, 10, 9, 8, 7, 6, 5]
+    flat = np.full(len(demand), 0.0)  # the forecast points down
+    ces = CesPolicy(np.asarray(demand), flat, flat, buffer=2, keep=3)
+    out = replay(series(demand), ces, lag=0)
+    fleet = out.paid.tolist()
+    assert fleet[0] == 12  # first step: demand seen + buffer
+    assert fleet[2] == 22  # step 3 saw step 2 short (20 > 12): 20 + 2
+    assert fleet[3:5] == [22, 22]  # kept for 3 steps though demand falls
+    assert fleet[-1] == 8  # later it follows the falling demand down to demand + buffer
+
+
+def test_horizon_mean_weights_interpolate_between_sampled_horizons() -> None:
+    horizons = [1, 2, 4, 8]
+    w = horizon_mean_weights(horizons, 8)
+    line = np.array([float(h) for h in horizons])  # forecast = horizon
+    assert line @ w == pytest.approx(4.5)
+    assert w.sum() == pytest.approx(1.0)
+
+
+def test_philly_static_matches_an_independent_computation(traces_dir: Path) -> None:
+    """The harness check of BENCHMARKS.md: static provisions 1.450 x demand, never short."""
+    raw = pd.read_csv(traces_dir / "philly" / "philly_node_sequence.csv.gz", parse_dates=["time"])
+    window = raw.set_index("time").resample("10min").max().loc["2017-12-01":"2017-12-14 23:50"]
+    independent = window["total"].sum() / window["active"].sum()
+    assert independent == pytest.approx(1.450, abs=0.0073)
+
+    prepared = prepare_trace(
+        load_trace(f"philly:{traces_dir / 'philly' / 'philly_node_sequence.csv.gz'}"),
+        ChangeQuantileForecaster,
+        BenchSettings(lags=(0,)),
+    )
+    (item,) = prepared.series
+    row = replay(item.series, StaticPolicy(item.series.static), 0).row()
+    assert row["provisioning_ratio"] == pytest.approx(independent, rel=1e-9)
+    assert row["shortage_node_steps"] == 0
+    assert row["steps"] == 14 * 144
+
+
+def test_replay_on_a_helios_vc_slice_beats_reactive_on_shortage(traces_dir: Path) -> None:
+    spec = f"helios-vc:{traces_dir / 'helios-earth' / 'vcLJZ.csv.gz'}"
+    trace = load_trace(spec, split="2020-05-29")
+    settings = BenchSettings(lags=(0, 1), policy=PlannerPolicy(mode="hybrid", target_shortage=0.05))
+    _, outcomes = bench_trace(trace, ChangeQuantileForecaster, settings)
+    rows = [o.row() for o in outcomes]
+    assert {r["policy"] for r in rows} == {"static", "reactive", "ces", "oracle", "predictive"}
+    assert all(r["steps"] == int(rows[0]["steps"]) for r in rows)
+    by = {(r["policy"], r["lag_steps"]): r for r in rows}
+    for lag in (0, 1):
+        ours, reactive = by["predictive", lag], by["reactive", lag]
+        assert ours["shortage_node_steps"] < reactive["shortage_node_steps"]
+        assert by["oracle", lag]["shortage_node_steps"] == 0
+        assert ours["provisioning_ratio"] < by["static", lag]["provisioning_ratio"]
+    (summary,) = [s for s in summarize(rows) if s["lag_steps"] == 0]
+    assert summary["series"] == "vcLJZ"
+    assert summary["shortage_vs_reactive"] < 0
+
+
+def test_no_decision_reads_demand_at_or_after_its_step(traces_dir: Path) -> None:
+    """Change the future: every decision before the change stays the same."""
+    spec = f"helios-vc:{traces_dir / 'helios-earth' / 'vcMod.csv.gz'}"
+    trace = load_trace(spec, split="2020-05-30")
+    settings = BenchSettings(lags=(1,))
+    (item,) = prepare_trace(trace, ChangeQuantileForecaster, settings).series
+    from scaler.scaling_bench import planner_run
+
+    base = planner_run(item, 1, settings.policy)
+    cut = item.series.start + 100
+    units = item.units.copy()
+    units[cut:] = units[cut:] * 3 + 40
+    changed = type(item)(**{**item.__dict__, "units": units})
+    after = planner_run(changed, 1, settings.policy)
+    n = cut - item.series.start
+    assert np.array_equal(base.paid[: n + 1], after.paid[: n + 1])
+    assert not np.array_equal(base.paid, after.paid)
