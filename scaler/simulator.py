@@ -144,7 +144,8 @@ def simulate_jobs(
         update={
             "mode": "reactive",
             "step_seconds": 60.0,
-            "unneeded_steps": UNNEEDED_MINUTES,
+            # Samples are instants: 11 of them, a minute apart, span the 10 minutes.
+            "unneeded_steps": UNNEEDED_MINUTES + 1,
             "scale_down_enabled": mode == "reactive",
         }
     )
@@ -439,7 +440,7 @@ class WorkloadComparison:
     predictive: JobSimResult
     start: pd.Timestamp
     end: pd.Timestamp
-    boot_seconds: float | None
+    gpus_per_node: Mapping[str, int]
 
     def rows(self) -> list[dict[str, object]]:
         return [self.reactive.row(), self.predictive.row()]
@@ -483,4 +484,10 @@ def compare_on_workload(
         mode: simulate_jobs(jobs, pools, mode, begin, start, end, policy, outlooks, levels, cloud)
         for mode in ("reactive", "predictive")
     }
-    return WorkloadComparison(results["reactive"], results["predictive"], start, end, None)
+    return WorkloadComparison(
+        results["reactive"],
+        results["predictive"],
+        start,
+        end,
+        {p.name: p.gpus_per_node for p in pools},
+    )

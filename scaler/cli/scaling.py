@@ -1,9 +1,584 @@
-"""CLI commands: scaling."""
+"""CLI commands for the elastic scaler: `bench scaling`, `plan` and `simulate`."""
 
 from __future__ import annotations
 
+import json
+import math
+from collections.abc import Callable
+from pathlib import Path
+from typing import TYPE_CHECKING, Annotated
+
 import typer
+
+from scaler.cli.data import _prose, _write_all
+
+if TYPE_CHECKING:
+    import pandas as pd
+
+    from predictor.forecast import Forecaster
+    from scaler.planner import DemandOutlook, PlannerPolicy
+
+DEFAULT_MODEL = "gpuscale"
 
 
 def register(app: typer.Typer, bench: typer.Typer) -> None:
     """Add this module's commands to the app and the bench group."""
+    bench.command("scaling", help=_prose(bench_scaling.__doc__))(bench_scaling)
+    app.command("plan", help=_prose(plan_command.__doc__))(plan_command)
+    app.command("simulate", help=_prose(simulate.__doc__))(simulate)
+
+
+def bench_scaling(
+    traces: Annotated[
+        list[str],
+        typer.Option(
+            "--trace",
+            help="KIND:PATH with KIND philly, helios-vc or series; repeat for more files.",
+        ),
+    ],
+    lags: Annotated[
+        list[int] | None,
+        typer.Option("--lag", help="Boot lag L in steps (0 or 1 in the protocol); repeat."),
+    ] = None,
+    split: Annotated[
+        str | None,
+        typer.Option("--split", help="Test start YYYY-MM-DD[THH:MM] (default: per trace kind)."),
+    ] = None,
+    gpus_per_node: Annotated[
+        int | None,
+        typer.Option("--gpus-per-node", min=1, help="`series` values are GPUs on N-GPU nodes."),
+    ] = None,
+    model: Annotated[
+        str, typer.Option("--model", help="Forecasting model feeding `ces` and `predictive`.")
+    ] = DEFAULT_MODEL,
+    mode: Annotated[
+        str, typer.Option("--mode", help="Planner mode of the `predictive` row.")
+    ] = "hybrid",
+    target_shortage: Annotated[
+        float | None,
+        typer.Option("--target-shortage", help="Service-level knob: share of steps allowed short."),
+    ] = None,
+    calibration_days: Annotated[
+        float,
+        typer.Option(
+            "--calibration-days",
+            min=0,
+            help="Last days of training held out to warm the policies (the planner's margin).",
+        ),
+    ] = 7.0,
+    json_out: Annotated[
+        Path | None, typer.Option("--json", help="Write {suite, rows, summary} here.")
+    ] = None,
+) -> None:
+    """Replay demand traces through the scaling policies (BENCHMARKS.md `scaling`).
+
+    Every series runs under `static`, `reactive` (Cluster Autoscaler), `ces` (the Helios
+    rule on our median forecast), `oracle` and `predictive` (our planner) at each lag, side
+    by side. A policy sees demand up to the previous 10-minute step; nodes requested at
+    step t serve from t+L and are paid from t. Rows give the provisioning ratio (paid
+    node-steps over demand), shortage events and node-steps, scale actions per day and the
+    replay time; the summary tells, per series and lag, the share of the distance between
+    the best baseline and the oracle that `predictive` closes.
+    """
+    from rich.console import Console
+    from rich.progress import track
+
+    from predictor.loaders import load_trace
+    from scaler.planner import PlannerPolicy
+    from scaler.scaling_bench import BenchSettings, bench_trace, summarize
+
+    if mode not in ("predictive", "hybrid"):
+        raise typer.BadParameter("must be predictive or hybrid", param_hint="--mode")
+    lag_list = tuple(sorted(set(lags or [0, 1])))
+    if any(lag < 0 for lag in lag_list):
+        raise typer.BadParameter("lags are >= 0", param_hint="--lag")
+    overrides: dict[str, object] = {"mode": mode}
+    if target_shortage is not None:
+        overrides["target_shortage"] = target_shortage
+    settings = BenchSettings(
+        lags=lag_list,
+        gpus_per_node=gpus_per_node,
+        calibration_days=calibration_days,
+        policy=PlannerPolicy(**overrides),
+    )
+    make_forecaster = _model_factory(model)
+    loaded = [
+        load_trace(
+            spec,
+            split=split,
+            unit="gpus" if gpus_per_node and spec.startswith("series:") else None,
+        )
+        for spec in traces
+    ]
+    rows: list[dict[str, object]] = []
+    console = Console(stderr=True)
+    for trace in track(loaded, description="replaying traces", console=console):
+        prepared, outcomes = bench_trace(trace, make_forecaster, settings)
+        for outcome in outcomes:
+            row = outcome.row()
+            if row["policy"] in ("predictive", "ces"):
+                row["model"] = model
+                row["forecast_seconds"] = round(prepared.forecast_seconds, 3)
+                row["fit_seconds"] = round(prepared.fit_seconds, 3)
+            rows.append(row)
+    summary = summarize(rows)
+    _print_rows(rows, summary)
+    if json_out is not None:
+        document = {"suite": "scaling", "rows": rows, "summary": summary}
+        text = json.dumps(document, indent=2, default=_jsonable)
+        json_out.parent.mkdir(parents=True, exist_ok=True)
+        _write_all(json_out.parent, {json_out.name: lambda p: p.write_text(text)})
+
+
+def _model_factory(name: str) -> Callable[[], Forecaster]:
+    from predictor.errors import InputError
+
+    try:
+        from predictor.models import build
+    except ImportError:
+        raise InputError(f"model {name!r}: no forecasting models are installed") from None
+
+    def make() -> Forecaster:
+        return build(name)
+
+    make()  # fail fast on an unknown name, before any trace is replayed
+    return make
+
+
+def _jsonable(value: object) -> object:
+    if isinstance(value, float) and math.isnan(value):
+        return None
+    return str(value)
+
+
+def _print_rows(rows: list[dict[str, object]], summary: list[dict[str, object]]) -> None:
+    from rich.console import Console
+    from rich.table import Table
+
+    table = Table(title="scaling: provisioning and shortage per policy")
+    for column in ("trace", "series", "L", "policy", "ratio", "events", "short", "act/day", "s"):
+        table.add_column(
+            column, justify="left" if column in ("trace", "series", "policy") else "right"
+        )
+    for r in rows:
+        table.add_row(
+            str(r["trace"]),
+            str(r["series"]),
+            str(r["lag_steps"]),
+            str(r["policy"]),
+            f"{r['provisioning_ratio']:.4f}",
+            str(r["shortage_events"]),
+            f"{r['shortage_node_steps']:g}",
+            f"{r['scale_actions_per_day']:.1f}",
+            f"{r['replay_seconds']:.2f}",
+        )
+    console = Console()
+    console.print(table)
+    if summary:
+        closing = Table(title="predictive against the best baseline and the oracle")
+        for column in (
+            "series",
+            "L",
+            "best",
+            "best ratio",
+            "oracle",
+            "ours",
+            "closed",
+            "short-react",
+        ):
+            closing.add_column(column, justify="left" if column in ("series", "best") else "right")
+        for s in summary:
+            closed = s["gap_closed"]
+            closing.add_row(
+                str(s["series"]),
+                str(s["lag_steps"]),
+                str(s["best_baseline"]),
+                f"{s['best_ratio']:.4f}",
+                f"{s['oracle_ratio']:.4f}",
+                f"{s['predictive_ratio']:.4f}",
+                "n/a" if isinstance(closed, float) and math.isnan(closed) else f"{closed:.0%}",
+                f"{s['shortage_vs_reactive']:+g}",
+            )
+        console.print(closing)
+
+
+def plan_command(
+    pools_file: Annotated[
+        Path, typer.Option("--pools", help="Node pools YAML ({pools: [...]}, NodePool fields).")
+    ],
+    forecast_file: Annotated[
+        Path | None,
+        typer.Option(
+            "--forecast",
+            help="Forecast CSV: unique_id (demand group), horizon (1, 2, ...), q<level> columns.",
+        ),
+    ] = None,
+    trace: Annotated[
+        str | None,
+        typer.Option("--trace", help="KIND:PATH history to forecast from instead (its last step)."),
+    ] = None,
+    model: Annotated[
+        str, typer.Option("--model", help="Model that forecasts the --trace history.")
+    ] = DEFAULT_MODEL,
+    observed: Annotated[
+        list[str] | None,
+        typer.Option("--observed", help="GROUP=GPUS demand of the last step (repeat per group)."),
+    ] = None,
+    fleet_spec: Annotated[
+        list[str] | None,
+        typer.Option("--fleet", help="POOL=READY[+BOOTING] nodes now (repeat; default 0)."),
+    ] = None,
+    group_models: Annotated[
+        list[str] | None,
+        typer.Option("--group-models", help="GROUP=MODEL[|MODEL...] GPU models a group may use."),
+    ] = None,
+    policy_file: Annotated[
+        Path | None, typer.Option("--policy", help="Planner policy YAML (PlannerPolicy fields).")
+    ] = None,
+    mode: Annotated[
+        str | None, typer.Option("--mode", help="static, reactive, predictive or hybrid.")
+    ] = None,
+    target_shortage: Annotated[
+        float | None,
+        typer.Option("--target-shortage", help="Share of steps allowed short (the service knob)."),
+    ] = None,
+    at: Annotated[
+        str | None, typer.Option("--at", help="Decision time (default: now, UTC).")
+    ] = None,
+    as_json: Annotated[bool, typer.Option("--json", help="Print the plan as JSON.")] = False,
+) -> None:
+    """Make one planning decision and print it with the reason and inputs of each part.
+
+    The demand outlook comes from a forecast file (quantiles per group and horizon, GPUs;
+    give the last observed demand with --observed) or from a trace's history, forecast by
+    --model from its last step. The fleet is given per pool. With no error history the
+    safety margin is zero, so the bound is the forecast's own upper quantile.
+    """
+    from datetime import UTC, datetime
+
+    import pandas as pd
+
+    from predictor.errors import InputError
+    from scaler.planner import FleetState, PoolFleet, plan
+    from scaler.pools import load_pools
+
+    if (forecast_file is None) == (trace is None):
+        raise InputError("give exactly one of --forecast and --trace")
+    pools = load_pools(pools_file)
+    policy = _load_policy(policy_file, mode, target_shortage)
+    lead = max(p.boot_steps(policy.step_seconds) for p in pools)
+    seen = _pairs(observed or [], "--observed", float)
+    if forecast_file is not None:
+        frame = _read_forecast(forecast_file)
+    else:
+        from predictor.loaders import load_trace
+
+        history = load_trace(trace).resampled().frame
+        forecaster = _model_factory(model)().fit(history)
+        quantiles = (policy.median_quantile, 0.9, policy.base_quantile)
+        frame = forecaster.forecast(history, list(range(1, lead + 2)), sorted(set(quantiles))).frame
+        last = history.sort_values("ds").groupby("unique_id")["y"].last()
+        seen = {**{str(k): float(v) for k, v in last.items()}, **seen}
+    models = {
+        group: frozenset(spec.split("|"))
+        for group, spec in _pairs(group_models or [], "--group-models", str).items()
+    }
+    outlooks = _outlooks(frame, seen, models, forecast_file)
+    counts = _pairs(fleet_spec or [], "--fleet", str)
+    unknown = set(counts) - {p.name for p in pools}
+    if unknown:
+        raise InputError(f"--fleet names pools not in {pools_file}: {sorted(unknown)}")
+    fleet = []
+    for pool in pools:
+        ready, _, booting = counts.get(pool.name, "0").partition("+")
+        try:
+            fleet.append(PoolFleet(pool.name, int(ready), int(booting or 0)))
+        except ValueError:
+            raise InputError(
+                f"--fleet {pool.name}: READY[+BOOTING] must be whole numbers"
+            ) from None
+    when = (
+        datetime.now(UTC).replace(tzinfo=None) if at is None else pd.Timestamp(at).to_pydatetime()
+    )
+    decided = plan(outlooks, FleetState(at=when, pools=tuple(fleet)), pools, policy)
+    if as_json:
+        typer.echo(json.dumps(decided.to_dict(), indent=2))
+        return
+    from rich.console import Console
+    from rich.table import Table
+
+    table = Table(title=f"capacity plan ({decided.mode}) at {when:%Y-%m-%d %H:%M}")
+    for column in ("pool", "now", "desired", "action", "reason"):
+        table.add_column(column, justify="right" if column in ("now", "desired") else "left")
+    for d in decided.decisions:
+        table.add_row(d.pool, str(d.current), str(d.desired), d.action, d.reason)
+    console = Console()
+    console.print(table)
+    for need in decided.needs:
+        console.print(
+            f"[bold]{need.group}[/]: add up to {need.add_to:.1f} GPUs, keep {need.keep:.1f}: "
+            f"{need.reason}"
+        )
+
+
+def _load_policy(
+    path: Path | None, mode: str | None, target_shortage: float | None
+) -> PlannerPolicy:
+    import yaml
+    from pydantic import ValidationError
+
+    from predictor.errors import InputError
+    from scaler.planner import PlannerPolicy
+
+    data: dict[str, object] = {}
+    if path is not None:
+        try:
+            data = yaml.safe_load(path.read_text()) or {}
+        except OSError as exc:
+            raise InputError(f"cannot read: {exc.strerror}", path=path) from None
+        except yaml.YAMLError as exc:
+            raise InputError(f"not valid YAML: {exc}", path=path) from None
+        if not isinstance(data, dict):
+            raise InputError("a policy is a mapping of PlannerPolicy fields", path=path)
+    if mode is not None:
+        data["mode"] = mode
+    if target_shortage is not None:
+        data["target_shortage"] = target_shortage
+    try:
+        return PlannerPolicy.model_validate(data)
+    except ValidationError as exc:
+        first = exc.errors()[0]
+        field = ".".join(str(part) for part in first["loc"]) or None
+        raise InputError(first["msg"], path=path, column=field) from None
+
+
+def _pairs(items: list[str], option: str, cast: type) -> dict[str, object]:
+    from predictor.errors import InputError
+
+    out: dict[str, object] = {}
+    for item in items:
+        key, sep, value = item.partition("=")
+        if not sep or not key:
+            raise InputError(f"{option} {item!r} must be NAME=VALUE")
+        try:
+            out[key] = cast(value)
+        except ValueError:
+            raise InputError(f"{option} {item!r}: {value!r} is not a {cast.__name__}") from None
+    return out
+
+
+def _read_forecast(path: Path) -> pd.DataFrame:
+    import pandas as pd
+
+    from predictor.errors import InputError
+
+    try:
+        frame = pd.read_csv(path)
+    except (OSError, pd.errors.ParserError, UnicodeDecodeError) as exc:
+        raise InputError(f"cannot read the forecast: {exc}", path=path) from None
+    for column in ("unique_id", "horizon"):
+        if column not in frame.columns:
+            raise InputError("missing column", path=path, column=column)
+    return frame
+
+
+def _outlooks(
+    frame: pd.DataFrame,
+    seen: dict[str, object],
+    models: dict[str, frozenset[str]],
+    source: Path | None,
+) -> list[DemandOutlook]:
+    import numpy as np
+
+    from predictor.errors import InputError
+    from scaler.planner import DemandOutlook
+
+    levels = tuple(sorted(float(c[1:]) for c in frame.columns if c.startswith("q")))
+    if not levels:
+        raise InputError("the forecast has no q<level> columns", path=source)
+    out = []
+    for group, rows in frame.groupby("unique_id", sort=True):
+        rows = rows.sort_values("horizon")
+        horizons = rows["horizon"].astype(int).tolist()
+        if horizons != list(range(1, len(horizons) + 1)):
+            raise InputError(
+                f"group {group}: horizons must run 1, 2, ... without gaps",
+                path=source,
+                column="horizon",
+            )
+        if str(group) not in seen:
+            raise InputError(
+                f"no observed demand for group {group!r}: give --observed {group}=GPUS"
+            )
+        values = np.column_stack([rows[f"q{q:g}"].to_numpy(dtype=float) for q in levels])
+        out.append(
+            DemandOutlook(
+                group=str(group),
+                observed=float(seen[str(group)]),
+                levels=levels,
+                values=values,
+                gpu_models=models.get(str(group)),
+            )
+        )
+    return out
+
+
+def simulate(
+    out: Annotated[Path, typer.Option("--out", help="Directory for the pictures and summary.")],
+    trace: Annotated[
+        str | None,
+        typer.Option("--trace", help="KIND:PATH to replay (its first series), or use --synthetic."),
+    ] = None,
+    synthetic: Annotated[
+        bool,
+        typer.Option("--synthetic", help="Job-level simulation on the synthetic workload instead."),
+    ] = False,
+    lag: Annotated[int, typer.Option("--lag", min=0, help="Boot lag in steps (replay).")] = 1,
+    split: Annotated[str | None, typer.Option("--split", help="Test start (replay).")] = None,
+    gpus_per_node: Annotated[
+        int | None, typer.Option("--gpus-per-node", min=1, help="`series` values are GPUs.")
+    ] = None,
+    knobs: Annotated[
+        list[float] | None,
+        typer.Option("--knob", help="Target-shortage settings for the frontier (repeat)."),
+    ] = None,
+    model: Annotated[str, typer.Option("--model", help="Forecasting model.")] = DEFAULT_MODEL,
+    mode: Annotated[
+        str, typer.Option("--mode", help="Planner mode: predictive or hybrid.")
+    ] = "hybrid",
+    target_shortage: Annotated[
+        float | None, typer.Option("--target-shortage", help="The service knob of our policy.")
+    ] = None,
+    workload: Annotated[
+        Path | None, typer.Option("--workload", help="Synthetic workload YAML (default shipped).")
+    ] = None,
+    seed: Annotated[int, typer.Option("--seed", help="Workload seed.")] = 0,
+    days: Annotated[float, typer.Option("--days", min=2, help="Workload days (synthetic).")] = 21.0,
+    boot_minutes: Annotated[
+        float, typer.Option("--boot-minutes", min=0, help="Boot time of every pool (synthetic).")
+    ] = 10.0,
+    as_json: Annotated[bool, typer.Option("--json", help="Print the summary as JSON.")] = False,
+) -> None:
+    """Simulate the scaler and draw it.
+
+    With --trace: replay one series under every policy, draw the fleet against demand with
+    the shortage beneath (fleet.png), and sweep the service-level knob (target shortage) of
+    our planner to draw its cost/shortage frontier next to the baselines (frontier.png).
+
+    With --synthetic: the job-level simulation on the synthetic workload; jobs arrive, wait
+    for capacity and run on nodes placed first-fit, reactive (Cluster Autoscaler) against
+    predictive, scored by GPU-hours paid and the p50/p95 wait for capacity (jobs.png).
+    """
+    from predictor.errors import InputError
+
+    if (trace is None) == (not synthetic):
+        raise InputError("give exactly one of --trace and --synthetic")
+    if mode not in ("predictive", "hybrid"):
+        raise typer.BadParameter("must be predictive or hybrid", param_hint="--mode")
+    out.mkdir(parents=True, exist_ok=True)
+    policy = _load_policy(None, mode, target_shortage)
+    if synthetic:
+        summary = _simulate_jobs(out, policy, model, workload, seed, days, boot_minutes)
+    else:
+        summary = _simulate_trace(out, trace, policy, model, lag, split, gpus_per_node, knobs)
+    text = json.dumps(summary, indent=2, default=_jsonable)
+    _write_all(out, {"summary.json": lambda p: p.write_text(text)})
+    if as_json:
+        typer.echo(text)
+        return
+    from rich.console import Console
+    from rich.table import Table
+
+    table = Table(title=summary["title"])
+    columns = list(summary["rows"][0])
+    for column in columns:
+        table.add_column(column)
+    for row in summary["rows"]:
+        table.add_row(*(f"{v:.4g}" if isinstance(v, float) else str(v) for v in row.values()))
+    console = Console()
+    console.print(table)
+    console.print(f"pictures: {', '.join(summary['pictures'])}")
+
+
+def _simulate_trace(
+    out: Path,
+    spec: str,
+    policy: PlannerPolicy,
+    model: str,
+    lag: int,
+    split: str | None,
+    gpus_per_node: int | None,
+    knobs: list[float] | None,
+) -> dict[str, object]:
+    from rich.progress import track
+
+    from predictor.errors import InputError
+    from predictor.loaders import load_trace
+    from scaler.scaling_bench import BenchSettings, baseline_runs, planner_run, prepare_trace
+    from scaler.scaling_plots import fleet_plot, frontier_plot
+
+    trace = load_trace(
+        spec, split=split, unit="gpus" if gpus_per_node and spec.startswith("series:") else None
+    )
+    settings = BenchSettings(lags=(lag,), gpus_per_node=gpus_per_node, policy=policy)
+    prepared = prepare_trace(trace, _model_factory(model), settings)
+    if not prepared.series:
+        raise InputError("the trace has no series with both training and test data", path=spec)
+    item = prepared.series[0]
+    baselines = baseline_runs(item, lag)
+    ours = planner_run(item, lag, policy)
+    frontier = {}
+    for knob in track(sorted(set(knobs or [0.001, 0.003, 0.01, 0.03, 0.1])), description="knob"):
+        frontier[knob] = planner_run(item, lag, policy.model_copy(update={"target_shortage": knob}))
+    pictures = [
+        fleet_plot([*baselines, ours], out / "fleet.png"),
+        frontier_plot(frontier, baselines, out / "frontier.png"),
+    ]
+    return {
+        "title": f"{item.series.trace} {item.series.series}, L = {lag}",
+        "rows": [o.row() for o in (*baselines, ours)],
+        "frontier": [{"target_shortage": k, **v.row()} for k, v in frontier.items()],
+        "pictures": [str(p) for p in pictures],
+    }
+
+
+def _simulate_jobs(
+    out: Path,
+    policy: PlannerPolicy,
+    model: str,
+    workload: Path | None,
+    seed: int,
+    days: float,
+    boot_minutes: float,
+) -> dict[str, object]:
+    import dataclasses
+
+    from predictor.synthetic import generate, load_config
+    from scaler.pools import NodePool
+    from scaler.scaling_plots import jobs_plot
+    from scaler.simulator import compare_on_workload
+
+    generated = generate(load_config(workload), seed=seed, days=days)
+    pools = [
+        NodePool(**{**dataclasses.asdict(p), "boot_seconds": boot_minutes * 60})
+        for p in generated.pools
+    ]
+    start = generated.start + (generated.end - generated.start) / 2
+    comparison = compare_on_workload(
+        generated.jobs,
+        generated.demand,
+        pools,
+        _model_factory(model)(),
+        start=start,
+        end=generated.end,
+        policy=policy,
+    )
+    rows = comparison.rows()
+    reactive, predictive = rows
+    return {
+        "title": f"job-level, synthetic seed {seed}, boot {boot_minutes:g} min, from {start}",
+        "rows": rows,
+        "gpu_hours_extra": predictive["gpu_hours"] / reactive["gpu_hours"] - 1,
+        "p95_wait_cut_min": reactive["wait_p95_min"] - predictive["wait_p95_min"],
+        "pictures": [str(jobs_plot(comparison, out / "jobs.png"))],
+    }
