@@ -201,7 +201,10 @@ class FakeKube:
         handler = type("Handler", (_Handler,), {"kube": self})
         self._server = ThreadingHTTPServer(("127.0.0.1", 0), handler)
         self._server.daemon_threads = True
-        self._thread = threading.Thread(target=self._server.serve_forever, daemon=True)
+        # A short poll interval: shutdown() waits up to one interval, and tests stop often.
+        self._thread = threading.Thread(
+            target=self._server.serve_forever, kwargs={"poll_interval": 0.05}, daemon=True
+        )
         self._thread.start()
         return self
 
@@ -431,6 +434,7 @@ class FakeKube:
 
 class _Handler(BaseHTTPRequestHandler):
     protocol_version = "HTTP/1.1"
+    disable_nagle_algorithm = True  # headers and body are two writes: no 40 ms delayed ACK
     kube: FakeKube
 
     def setup(self) -> None:
@@ -589,3 +593,77 @@ class _Handler(BaseHTTPRequestHandler):
 
     def do_DELETE(self) -> None:
         self._handle("DELETE")
+
+
+def label_selector_matches(selector: Obj | None, labels: dict[str, str]) -> bool:
+    """A LabelSelector (matchLabels and matchExpressions); a null selector selects nothing,
+    an empty one everything, as for a policy/v1 PodDisruptionBudget."""
+    if selector is None:
+        return False
+    for key, value in (selector.get("matchLabels") or {}).items():
+        if labels.get(key) != value:
+            return False
+    for term in selector.get("matchExpressions") or []:
+        key, operator, values = term["key"], term["operator"], term.get("values") or []
+        if operator == "In" and labels.get(key) not in values:
+            return False
+        if operator == "NotIn" and key in labels and labels[key] in values:
+            return False
+        if operator == "Exists" and key not in labels:
+            return False
+        if operator == "DoesNotExist" and key in labels:
+            return False
+    return True
+
+
+def disruption_budget_policy(kube: FakeKube) -> EvictionPolicy:
+    """The API server's PodDisruptionBudget check for `kube.eviction_policy`: a pod that is
+    not running (pending, finished) or already being deleted bypasses budgets; a pod under
+    two budgets cannot be evicted (500); otherwise the eviction is refused with 429 unless
+    the budget's healthy pods, less this one, still meet minAvailable (or the matching pods
+    less maxUnavailable). Percentages round up, as the disruption controller's do."""
+
+    def healthy(pod: Obj) -> bool:
+        status = pod.get("status") or {}
+        ready = [c for c in status.get("conditions") or [] if c.get("type") == "Ready"]
+        return status.get("phase") == "Running" and all(c.get("status") == "True" for c in ready)
+
+    def scaled(value: int | str, total: int) -> int:
+        if isinstance(value, str) and value.endswith("%"):
+            return -(-int(value[:-1]) * total // 100)
+        return int(value)
+
+    def policy(pod: Obj) -> tuple[int, str] | None:
+        meta = pod["metadata"]
+        if (pod.get("status") or {}).get("phase") != "Running" or meta.get("deletionTimestamp"):
+            return None
+        labels = meta.get("labels") or {}
+        budgets = [
+            b
+            for b in kube.objects("poddisruptionbudgets", meta["namespace"])
+            if label_selector_matches(b.get("spec", {}).get("selector"), labels)
+        ]
+        if not budgets:
+            return None
+        if len(budgets) > 1:
+            return 500, (
+                "This pod has more than one PodDisruptionBudget, which the eviction "
+                "subresource does not support."
+            )
+        spec = budgets[0]["spec"]
+        covered = [
+            p
+            for p in kube.objects("pods", meta["namespace"])
+            if label_selector_matches(spec.get("selector"), p["metadata"].get("labels") or {})
+        ]
+        if "minAvailable" in spec:
+            desired = scaled(spec["minAvailable"], len(covered))
+        elif "maxUnavailable" in spec:
+            desired = len(covered) - scaled(spec["maxUnavailable"], len(covered))
+        else:
+            desired = 0
+        if sum(healthy(p) for p in covered) - 1 < desired:
+            return 429, "Cannot evict pod as it would violate the pod's disruption budget."
+        return None
+
+    return policy

@@ -1,0 +1,284 @@
+"""Taking a node out: cordon, drain through the Eviction API, then the provider deletes it.
+
+`NodeRemoval.remove(node)` runs the three steps in order and each is idempotent, so the flow
+resumes wherever a crash left it: a node gpuscale cordoned carries an annotation saying so;
+a drain lists what is still on the node and evicts it again; a node whose instance the cloud
+no longer holds has already been deleted.
+
+The drain evicts placeholder pods first (they only hold capacity), leaves DaemonSet and
+mirror pods (they go with the node) and finished pods alone, and never evicts a pod
+annotated `cluster-autoscaler.kubernetes.io/safe-to-evict: "false"`. An eviction the API
+server refuses with 429 because of a PodDisruptionBudget is retried until the drain's
+timeout; then the node stays cordoned and is reported as blocked, naming each blocking pod
+and its budget, and the provider is not asked to delete it.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass
+from datetime import UTC, datetime
+from enum import StrEnum
+
+from kubernetes import client as k8s
+
+from scaler.kube.errors import API_ERRORS, KubeError, kube_error
+from scaler.kube.placeholders import PLACEHOLDER_LABELS
+from scaler.providers.base import CloudProvider, ProviderError
+
+CORDONED_BY_GPUSCALE = "gpuscale.io/removal-started"
+SAFE_TO_EVICT = "cluster-autoscaler.kubernetes.io/safe-to-evict"
+MIRROR = "kubernetes.io/config.mirror"
+
+
+@dataclass(frozen=True)
+class DrainSettings:
+    timeout_s: float = 600.0
+    poll_s: float = 5.0
+
+
+class RemovalStatus(StrEnum):
+    REMOVED = "removed"  # the provider deleted the node (or already had)
+    BLOCKED = "blocked"  # cordoned, but pods would not leave before the timeout
+    REFUSED = "refused"  # not touched: no group holds it, or its group is at min size
+
+
+@dataclass(frozen=True, slots=True)
+class BlockingPod:
+    namespace: str
+    name: str
+    reason: str
+    budget: str | None = None  # the PodDisruptionBudget that refused its eviction
+
+
+@dataclass(frozen=True, slots=True)
+class RemovalOutcome:
+    node: str  # the Kubernetes node name
+    status: RemovalStatus
+    reason: str
+    cloud_node: str | None = None  # the provider's name for it (the instance id on AWS)
+    blocking: tuple[BlockingPod, ...] = ()
+
+    @property
+    def removed(self) -> bool:
+        return self.status is RemovalStatus.REMOVED
+
+
+def cloud_node_name(node: k8s.V1Node) -> str:
+    """The provider's name of a node: the last part of its providerID
+    (`aws:///us-east-1a/i-0abc` -> `i-0abc`), or the node name where there is none."""
+    provider_id = node.spec.provider_id if node.spec is not None else None
+    if provider_id:
+        return provider_id.rstrip("/").rsplit("/", 1)[-1]
+    return node.metadata.name
+
+
+def is_placeholder(pod: k8s.V1Pod) -> bool:
+    labels = pod.metadata.labels or {}
+    return all(labels.get(key) == value for key, value in PLACEHOLDER_LABELS.items())
+
+
+def goes_with_node(pod: k8s.V1Pod) -> bool:
+    """DaemonSet and mirror (static) pods are not evicted: they end with the node."""
+    owners = pod.metadata.owner_references or []
+    annotations = pod.metadata.annotations or {}
+    return MIRROR in annotations or any(o.kind == "DaemonSet" for o in owners)
+
+
+def has_finished(pod: k8s.V1Pod) -> bool:
+    return pod.status is not None and pod.status.phase in ("Succeeded", "Failed")
+
+
+def eviction_order(pods: Iterable[k8s.V1Pod]) -> list[k8s.V1Pod]:
+    """The pods a drain must move, placeholders first."""
+    movable = [p for p in pods if not goes_with_node(p) and not has_finished(p)]
+    return sorted(
+        movable, key=lambda p: (not is_placeholder(p), p.metadata.namespace, p.metadata.name)
+    )
+
+
+def selector_matches(selector: k8s.V1LabelSelector | None, labels: dict[str, str]) -> bool:
+    """A LabelSelector; a null one selects nothing, an empty one everything."""
+    if selector is None:
+        return False
+    if any(labels.get(k) != v for k, v in (selector.match_labels or {}).items()):
+        return False
+    for term in selector.match_expressions or []:
+        present, values = term.key in labels, term.values or []
+        if term.operator == "In" and (not present or labels[term.key] not in values):
+            return False
+        if term.operator == "NotIn" and present and labels[term.key] in values:
+            return False
+        if term.operator == "Exists" and not present:
+            return False
+        if term.operator == "DoesNotExist" and present:
+            return False
+    return True
+
+
+class NodeRemoval:
+    """Cordon -> drain -> delete through the provider, for one node at a time."""
+
+    def __init__(
+        self,
+        api: k8s.ApiClient,
+        provider: CloudProvider,
+        settings: DrainSettings | None = None,
+        clock: Callable[[], float] = time.monotonic,
+        sleep: Callable[[float], None] = time.sleep,
+    ) -> None:
+        self.settings = settings or DrainSettings()
+        self._core = k8s.CoreV1Api(api)
+        self._policy = k8s.PolicyV1Api(api)
+        self._provider = provider
+        self._clock = clock
+        self._sleep = sleep
+
+    def remove(self, node_name: str) -> RemovalOutcome:
+        node = self._read_node(node_name)
+        if node is None:
+            return RemovalOutcome(node_name, RemovalStatus.REMOVED, "the node is gone")
+        cloud_name = cloud_node_name(node)
+        ours = CORDONED_BY_GPUSCALE in (node.metadata.annotations or {})
+        group = self._provider.node_group_for(cloud_name)
+        if group is None:
+            if ours:  # a removal that got as far as the provider before a restart
+                return RemovalOutcome(
+                    node_name, RemovalStatus.REMOVED, "the cloud no longer holds it", cloud_name
+                )
+            return RemovalOutcome(
+                node_name, RemovalStatus.REFUSED, "no node group holds it", cloud_name
+            )
+        if group.target_size() - 1 < group.min_size():
+            return RemovalOutcome(
+                node_name,
+                RemovalStatus.REFUSED,
+                f"node group {group.id()} is at its min size {group.min_size()}",
+                cloud_name,
+            )
+        self.cordon(node_name)
+        blocking = self.drain(node_name)
+        if blocking:
+            names = ", ".join(f"{b.namespace}/{b.name}" for b in blocking)
+            return RemovalOutcome(
+                node_name,
+                RemovalStatus.BLOCKED,
+                f"pods did not leave within {self.settings.timeout_s:g} s: {names}",
+                cloud_name,
+                blocking,
+            )
+        try:
+            group.delete_nodes([cloud_name])
+        except ProviderError as exc:
+            return RemovalOutcome(node_name, RemovalStatus.REFUSED, str(exc), cloud_name)
+        return RemovalOutcome(
+            node_name, RemovalStatus.REMOVED, f"deleted from node group {group.id()}", cloud_name
+        )
+
+    def cordon(self, node_name: str) -> None:
+        """Mark the node unschedulable, noting that gpuscale did it (once: a cordoned node
+        keeps the time its removal started)."""
+        node = self._read_node(node_name)
+        if node is None:
+            raise KubeError(f"cordon {node_name}: no such node")
+        annotations = node.metadata.annotations or {}
+        if node.spec.unschedulable and CORDONED_BY_GPUSCALE in annotations:
+            return
+        started = annotations.get(CORDONED_BY_GPUSCALE) or datetime.now(UTC).isoformat()
+        body = {
+            "metadata": {"annotations": {CORDONED_BY_GPUSCALE: started}},
+            "spec": {"unschedulable": True},
+        }
+        self._patch_node(node_name, body, "cordon")
+
+    def uncordon(self, node_name: str) -> None:
+        """Undo a cordon that gpuscale made (one made by someone else is left alone)."""
+        node = self._read_node(node_name)
+        if node is None or CORDONED_BY_GPUSCALE not in (node.metadata.annotations or {}):
+            return
+        body = {
+            "metadata": {"annotations": {CORDONED_BY_GPUSCALE: None}},
+            "spec": {"unschedulable": None},
+        }
+        self._patch_node(node_name, body, "uncordon")
+
+    def drain(self, node_name: str) -> tuple[BlockingPod, ...]:
+        """Evict until nothing movable is left on the node; the pods still there at the
+        timeout, with why. Empty: drained."""
+        deadline = self._clock() + self.settings.timeout_s
+        while True:
+            pods = eviction_order(self._pods_on(node_name))
+            if not pods:
+                return ()
+            blocking = [b for b in map(self._evict, pods) if b is not None]
+            if self._clock() >= deadline:
+                going = {(b.namespace, b.name) for b in blocking}
+                return tuple(blocking) + tuple(
+                    BlockingPod(p.metadata.namespace, p.metadata.name, "still terminating")
+                    for p in self._pods_left(node_name, pods)
+                    if (p.metadata.namespace, p.metadata.name) not in going
+                )
+            self._sleep(self.settings.poll_s)
+
+    # ---- API calls ---------------------------------------------------------------------
+    def _read_node(self, name: str) -> k8s.V1Node | None:
+        try:
+            return self._core.read_node(name)
+        except k8s.ApiException as exc:
+            if exc.status == 404:
+                return None
+            raise kube_error(f"read node {name}", exc) from None
+        except API_ERRORS as exc:
+            raise kube_error(f"read node {name}", exc) from None
+
+    def _patch_node(self, name: str, body: dict, what: str) -> None:
+        try:
+            self._core.patch_node(name, body)
+        except API_ERRORS as exc:
+            raise kube_error(f"{what} {name}", exc) from None
+
+    def _pods_on(self, node_name: str) -> list[k8s.V1Pod]:
+        try:
+            found = self._core.list_pod_for_all_namespaces(
+                field_selector=f"spec.nodeName={node_name}"
+            )
+        except API_ERRORS as exc:
+            raise kube_error(f"list pods on {node_name}", exc) from None
+        return list(found.items)
+
+    def _pods_left(self, node_name: str, pods: list[k8s.V1Pod]) -> list[k8s.V1Pod]:
+        left = {(p.metadata.namespace, p.metadata.name) for p in self._pods_on(node_name)}
+        return [p for p in pods if (p.metadata.namespace, p.metadata.name) in left]
+
+    def _evict(self, pod: k8s.V1Pod) -> BlockingPod | None:
+        """Ask for one eviction; a BlockingPod when it was refused."""
+        ns, name = pod.metadata.namespace, pod.metadata.name
+        if (pod.metadata.annotations or {}).get(SAFE_TO_EVICT) == "false":
+            return BlockingPod(ns, name, f'annotated {SAFE_TO_EVICT}: "false"')
+        if pod.metadata.deletion_timestamp is not None:
+            return None  # already going
+        eviction = k8s.V1Eviction(metadata=k8s.V1ObjectMeta(name=name, namespace=ns))
+        try:
+            self._core.create_namespaced_pod_eviction(name, ns, eviction)
+        except k8s.ApiException as exc:
+            if exc.status == 404:
+                return None
+            if exc.status in (429, 500):  # a budget refuses, or two budgets cover the pod
+                reason = str(kube_error("evict", exc)).removeprefix("evict: ")
+                return BlockingPod(ns, name, reason, self._budget_of(pod))
+            raise kube_error(f"evict {ns}/{name}", exc) from None
+        except API_ERRORS as exc:
+            raise kube_error(f"evict {ns}/{name}", exc) from None
+        return None
+
+    def _budget_of(self, pod: k8s.V1Pod) -> str | None:
+        ns, labels = pod.metadata.namespace, pod.metadata.labels or {}
+        try:
+            budgets = self._policy.list_namespaced_pod_disruption_budget(ns).items
+        except API_ERRORS:
+            return None  # naming the budget is a courtesy; the refusal stands anyway
+        names = sorted(
+            b.metadata.name for b in budgets if selector_matches(b.spec.selector, labels)
+        )
+        return ", ".join(names) or None

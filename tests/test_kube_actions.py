@@ -1,0 +1,339 @@
+"""Kubernetes actions through the real client against the fake API server: cordon, drain
+with PodDisruptionBudgets, the removal flow down to the provider, and placeholder pods
+reconciled idempotently across a restart."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from dataclasses import dataclass
+from typing import Any
+
+import pytest
+from fake_kube import FakeKube, disruption_budget_policy
+from kubernetes import client as k8s
+
+from scaler.kube.errors import KubeError
+from scaler.kube.nodes import (
+    CORDONED_BY_GPUSCALE,
+    DrainSettings,
+    NodeRemoval,
+    RemovalStatus,
+)
+from scaler.kube.placeholders import (
+    PLACEHOLDER_SELECTOR,
+    SPEC_HASH,
+    PlaceholderDemand,
+    Placeholders,
+    PlaceholderSettings,
+    placeholder_name,
+)
+from scaler.pools import NodePool
+from scaler.providers.simulated import SimulatedCloud
+
+FAST = DrainSettings(timeout_s=0.3, poll_s=0.02)
+POOL = NodePool(
+    name="a100",
+    gpu_model="A100",
+    gpus_per_node=8,
+    price_per_hour=32.0,
+    boot_seconds=60,
+    min_size=1,
+    max_size=6,
+)
+
+
+@pytest.fixture
+def fake() -> Iterator[FakeKube]:
+    kube = FakeKube().start()
+    kube.eviction_policy = disruption_budget_policy(kube)
+    yield kube
+    kube.stop()
+
+
+def client_for(fake: FakeKube) -> k8s.ApiClient:
+    """The real client, configured as for any API server."""
+    return k8s.ApiClient(k8s.Configuration(host=fake.url))
+
+
+@dataclass
+class Cluster:
+    fake: FakeKube
+    cloud: SimulatedCloud
+    nodes: dict[str, str]  # Kubernetes node name -> the cloud's node name
+
+    def removal(self, settings: DrainSettings = FAST) -> NodeRemoval:
+        return NodeRemoval(client_for(self.fake), self.cloud, settings)
+
+    def pods(self, node: str | None = None) -> list[str]:
+        return sorted(
+            p["metadata"]["name"]
+            for p in self.fake.objects("pods")
+            if node is None or p["spec"].get("nodeName") == node
+        )
+
+
+def pod(name: str, node: str | None, *, namespace: str = "ml", **extra: Any) -> dict:
+    meta: dict[str, Any] = {"name": name, "namespace": namespace}
+    meta.update({k: v for k, v in extra.items() if k in ("labels", "annotations")})
+    if "owner" in extra:
+        meta["ownerReferences"] = [
+            {"kind": extra["owner"], "name": "x", "apiVersion": "v1", "uid": "u"}
+        ]
+    spec = {"containers": [{"name": "main", "image": "busybox"}]}
+    if node is not None:
+        spec["nodeName"] = node
+    return {"metadata": meta, "spec": spec, "status": {"phase": extra.get("phase", "Running")}}
+
+
+def budget(name: str, app: str, min_available: int | str) -> dict:
+    return {
+        "metadata": {"name": name, "namespace": "ml"},
+        "spec": {"minAvailable": min_available, "selector": {"matchLabels": {"app": app}}},
+    }
+
+
+@pytest.fixture
+def cluster(fake: FakeKube) -> Cluster:
+    """Three ready nodes of pool a100; Kubernetes knows them by name and providerID."""
+    cloud = SimulatedCloud([POOL])
+    (group,) = cloud.node_groups()
+    group.increase_size(3)
+    cloud.advance(61)
+    nodes = {}
+    for i, cloud_node in enumerate(sorted(n.name for n in group.nodes())):
+        name = f"ip-10-0-0-{i}.ec2.internal"
+        nodes[name] = cloud_node
+        fake.create(
+            "nodes",
+            {
+                "metadata": {"name": name, "labels": {"gpuscale.io/pool": "a100"}},
+                "spec": {"providerID": f"aws:///us-east-1a/{cloud_node}"},
+            },
+        )
+    return Cluster(fake, cloud, nodes)
+
+
+def evictions(fake: FakeKube) -> list[str]:
+    return [path.split("/")[-2] for method, path in fake.requests if path.endswith("/eviction")]
+
+
+def test_cordon_is_idempotent_and_marks_who_did_it(cluster: Cluster) -> None:
+    node = next(iter(cluster.nodes))
+    removal = cluster.removal()
+    removal.cordon(node)
+    first = cluster.fake.get("nodes", node)
+    patches = sum(method == "PATCH" for method, _ in cluster.fake.requests)
+    removal.cordon(node)
+    again = cluster.fake.get("nodes", node)
+    assert first["spec"]["unschedulable"] is True
+    assert again["metadata"]["annotations"] == first["metadata"]["annotations"]
+    assert sum(method == "PATCH" for method, _ in cluster.fake.requests) == patches
+    removal.uncordon(node)
+    cleared = cluster.fake.get("nodes", node)
+    assert not cleared["spec"].get("unschedulable")
+    assert CORDONED_BY_GPUSCALE not in (cleared["metadata"].get("annotations") or {})
+
+
+def test_removal_drains_placeholders_first_then_the_provider_deletes_that_node(
+    cluster: Cluster,
+) -> None:
+    node, other = list(cluster.nodes)[:2]
+    placeholder_labels = {
+        "app.kubernetes.io/managed-by": "gpuscale",
+        "app.kubernetes.io/component": "placeholder",
+    }
+    for obj in (
+        pod("train-1", node, labels={"app": "train"}),
+        pod("zz-placeholder", node, namespace="gpuscale-system", labels=placeholder_labels),
+        pod("logger", node, owner="DaemonSet"),
+        pod(
+            "kube-proxy",
+            node,
+            namespace="kube-system",
+            annotations={"kubernetes.io/config.mirror": "x"},
+        ),
+        pod("done", node, phase="Succeeded"),
+        pod("elsewhere", other),
+    ):
+        cluster.fake.create("pods", obj)
+    (group,) = cluster.cloud.node_groups()
+
+    outcome = cluster.removal().remove(node)
+
+    assert outcome.status is RemovalStatus.REMOVED, outcome.reason
+    assert outcome.cloud_node == cluster.nodes[node]
+    assert evictions(cluster.fake) == ["zz-placeholder", "train-1"]
+    assert cluster.pods(node) == ["done", "kube-proxy", "logger"]  # they go with the node
+    assert cluster.pods(other) == ["elsewhere"]
+    assert group.target_size() == 2
+    assert cluster.nodes[node] not in {n.name for n in group.nodes()}
+    assert cluster.fake.get("nodes", node)["spec"]["unschedulable"] is True
+
+
+def test_a_pod_guarded_by_a_disruption_budget_blocks_removal_until_it_can_go(
+    cluster: Cluster,
+) -> None:
+    node, other = list(cluster.nodes)[:2]
+    cluster.fake.create("poddisruptionbudgets", budget("serve-pdb", "serve", 1))
+    cluster.fake.create("pods", pod("serve-1", node, labels={"app": "serve"}))
+    cluster.fake.create("pods", pod("batch-1", node, labels={"app": "batch"}))
+    (group,) = cluster.cloud.node_groups()
+
+    outcome = cluster.removal().remove(node)
+
+    assert outcome.status is RemovalStatus.BLOCKED
+    (blocking,) = outcome.blocking
+    assert (blocking.namespace, blocking.name, blocking.budget) == ("ml", "serve-1", "serve-pdb")
+    assert "disruption budget" in blocking.reason
+    assert cluster.pods(node) == ["serve-1"]  # the unguarded pod was evicted
+    assert cluster.fake.get("nodes", node)["spec"]["unschedulable"] is True  # left cordoned
+    assert group.target_size() == 3 and len(group.nodes()) == 3  # the provider was not asked
+    assert evictions(cluster.fake).count("serve-1") >= 2  # retried until the timeout
+
+    # A second replica becomes healthy elsewhere: the budget allows one eviction now, and
+    # the removal resumes where it stopped.
+    cluster.fake.create("pods", pod("serve-2", other, labels={"app": "serve"}))
+    resumed = cluster.removal().remove(node)
+    assert resumed.status is RemovalStatus.REMOVED, resumed.reason
+    assert cluster.pods(node) == [] and group.target_size() == 2
+
+
+def test_a_pod_marked_not_safe_to_evict_blocks_and_is_never_evicted(cluster: Cluster) -> None:
+    node = next(iter(cluster.nodes))
+    annotations = {"cluster-autoscaler.kubernetes.io/safe-to-evict": "false"}
+    cluster.fake.create("pods", pod("notebook", node, annotations=annotations))
+    outcome = cluster.removal(DrainSettings(timeout_s=0.05, poll_s=0.01)).remove(node)
+    assert outcome.status is RemovalStatus.BLOCKED
+    assert [b.name for b in outcome.blocking] == ["notebook"]
+    assert evictions(cluster.fake) == []
+
+
+def test_removal_resumes_after_a_crash_past_the_provider(cluster: Cluster) -> None:
+    node = next(iter(cluster.nodes))
+    removal = cluster.removal()
+    removal.cordon(node)
+    (group,) = cluster.cloud.node_groups()
+    group.delete_nodes([cluster.nodes[node]])  # the crash came after this
+    outcome = cluster.removal().remove(node)
+    assert outcome.status is RemovalStatus.REMOVED
+    assert group.target_size() == 2
+
+
+def test_nodes_outside_any_group_or_at_min_size_are_not_touched(cluster: Cluster) -> None:
+    cluster.fake.create("nodes", {"metadata": {"name": "control-plane"}, "spec": {}})
+    outcome = cluster.removal().remove("control-plane")
+    assert outcome.status is RemovalStatus.REFUSED
+    assert not cluster.fake.get("nodes", "control-plane")["spec"].get("unschedulable")
+
+    names = list(cluster.nodes)
+    removal = cluster.removal()
+    assert [removal.remove(n).status for n in names[:2]] == [RemovalStatus.REMOVED] * 2
+    last = removal.remove(names[2])
+    assert last.status is RemovalStatus.REFUSED and "min size 1" in last.reason
+    assert not cluster.fake.get("nodes", names[2])["spec"].get("unschedulable")
+
+    assert cluster.removal().remove("no-such-node").status is RemovalStatus.REMOVED
+
+
+# ---- placeholders -------------------------------------------------------------------------
+SETTINGS = PlaceholderSettings(namespace="gpuscale-system")
+
+
+def placeholder_pods(fake: FakeKube) -> dict[str, dict]:
+    return {p["metadata"]["name"]: p for p in fake.objects("pods", "gpuscale-system")}
+
+
+def test_placeholders_are_created_with_low_priority_and_gpu_requests(fake: FakeKube) -> None:
+    changes = Placeholders(client_for(fake), SETTINGS).reconcile(
+        [
+            PlaceholderDemand(pool="a100", count=2, gpus=8),
+            PlaceholderDemand(pool="h100", count=1, gpus=4),
+        ]
+    )
+    assert changes.created == (
+        "gpuscale-placeholder-a100-0",
+        "gpuscale-placeholder-a100-1",
+        "gpuscale-placeholder-h100-0",
+    )
+    (priority,) = fake.objects("priorityclasses")
+    assert priority["metadata"]["name"] == "gpuscale-placeholder"
+    assert priority["value"] == -10 and priority["preemptionPolicy"] == "Never"
+    made = placeholder_pods(fake)["gpuscale-placeholder-h100-0"]
+    assert made["metadata"]["labels"]["app.kubernetes.io/managed-by"] == "gpuscale"
+    assert made["spec"]["priorityClassName"] == "gpuscale-placeholder"
+    assert made["spec"]["nodeSelector"] == {"gpuscale.io/pool": "h100"}
+    (container,) = made["spec"]["containers"]
+    assert container["image"].startswith("registry.k8s.io/pause")
+    assert container["resources"]["requests"]["nvidia.com/gpu"] == "4"
+    assert container["resources"]["limits"]["nvidia.com/gpu"] == "4"
+
+
+def test_placeholders_reconcile_idempotently_across_a_restart(fake: FakeKube) -> None:
+    desired = [PlaceholderDemand(pool="a100", count=3, gpus=8)]
+    Placeholders(client_for(fake), SETTINGS).reconcile(desired)
+    before = placeholder_pods(fake)
+    writes = sum(m != "GET" for m, _ in fake.requests)
+
+    restarted = Placeholders(client_for(fake), SETTINGS)  # a new process, a new client
+    assert restarted.reconcile(desired).empty
+    assert restarted.reconcile(desired).empty
+    assert sum(m != "GET" for m, _ in fake.requests) == writes  # nothing written at all
+    after = placeholder_pods(fake)
+    assert {n: p["metadata"]["uid"] for n, p in after.items()} == {
+        n: p["metadata"]["uid"] for n, p in before.items()
+    }
+
+
+def test_placeholders_follow_the_spec_preemption_resize_and_shrink(fake: FakeKube) -> None:
+    placeholders = Placeholders(client_for(fake), SETTINGS)
+    placeholders.reconcile([PlaceholderDemand(pool="a100", count=3, gpus=8)])
+
+    # A real job preempted one, and the kubelet failed another: both come back, same names.
+    fake.delete("pods", placeholder_name("a100", 1), "gpuscale-system")
+    fake.patch(
+        "pods", placeholder_name("a100", 2), {"status": {"phase": "Failed"}}, "gpuscale-system"
+    )
+    changes = placeholders.reconcile([PlaceholderDemand(pool="a100", count=3, gpus=8)])
+    assert changes.created == (placeholder_name("a100", 1),)
+    assert changes.replaced == (placeholder_name("a100", 2),)
+
+    # Smaller placeholders: replaced in place, same names; fewer: the highest indices go.
+    changes = placeholders.reconcile([PlaceholderDemand(pool="a100", count=2, gpus=4)])
+    assert changes.deleted == (placeholder_name("a100", 2),)
+    assert changes.replaced == (placeholder_name("a100", 0), placeholder_name("a100", 1))
+    pods = placeholder_pods(fake)
+    assert sorted(pods) == [placeholder_name("a100", 0), placeholder_name("a100", 1)]
+    gpus = {
+        p["spec"]["containers"][0]["resources"]["requests"]["nvidia.com/gpu"] for p in pods.values()
+    }
+    assert gpus == {"4"}
+    assert len({p["metadata"]["labels"][SPEC_HASH] for p in pods.values()}) == 1
+
+    # A pool dropped from the spec loses its placeholders; pods gpuscale did not make stay.
+    fake.create("pods", pod("someone-elses", None, namespace="gpuscale-system"))
+    changes = placeholders.reconcile([])
+    assert changes.deleted == (placeholder_name("a100", 0), placeholder_name("a100", 1))
+    assert list(placeholder_pods(fake)) == ["someone-elses"]
+    listed = [p for m, p in fake.requests if m == "GET" and "labelSelector" in p]
+    assert listed and all("placeholder" in p for p in listed)
+    assert PLACEHOLDER_SELECTOR.startswith("app.kubernetes.io/managed-by=gpuscale")
+
+
+def test_a_placeholder_still_terminating_is_waited_for(fake: FakeKube) -> None:
+    placeholders = Placeholders(client_for(fake), SETTINGS)
+    placeholders.reconcile([PlaceholderDemand(pool="a100", count=1, gpus=8)])
+    name = placeholder_name("a100", 0)
+    fake.patch(
+        "pods", name, {"metadata": {"deletionTimestamp": "2024-01-01T00:00:00Z"}}, "gpuscale-system"
+    )
+    changes = placeholders.reconcile([PlaceholderDemand(pool="a100", count=1, gpus=4)])
+    assert changes.waiting == (name,) and not (changes.created or changes.replaced)
+
+
+def test_a_pool_named_twice_or_badly_is_refused(fake: FakeKube) -> None:
+    with pytest.raises(ValueError):
+        PlaceholderDemand(pool="A100_bad", count=1, gpus=1)
+    twice = [PlaceholderDemand(pool="a100", count=1, gpus=8)] * 2
+    with pytest.raises(KubeError, match="twice"):
+        Placeholders(client_for(fake), SETTINGS).reconcile(twice)
+    assert placeholder_pods(fake) == {}
