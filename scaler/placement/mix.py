@@ -29,14 +29,21 @@ class JobShape:
 
 @dataclass(frozen=True, slots=True)
 class WorkloadMix:
-    """Job shapes with their popularity (summing to 1)."""
+    """Job shapes with their popularity (summing to 1) and mean memory (MiB)."""
 
     shapes: tuple[JobShape, ...]
     popularity: tuple[float, ...]
+    memory_mib: tuple[float, ...]
 
     @classmethod
     def from_jobs(cls, jobs: Iterable[Job], coverage: float = 0.95) -> WorkloadMix:
-        counts = Counter(JobShape.of(j) for j in jobs if j.problem() is None)
+        counts: Counter[JobShape] = Counter()
+        memory: Counter[JobShape] = Counter()
+        for job in jobs:
+            if job.problem() is None:
+                shape = JobShape.of(job)
+                counts[shape] += 1
+                memory[shape] += job.memory_mib
         if not counts:
             raise ValueError("a workload mix needs at least one valid job")
         total = sum(counts.values())
@@ -52,6 +59,7 @@ class WorkloadMix:
         return cls(
             shapes=tuple(s for s, _ in kept),
             popularity=tuple(c / covered for _, c in kept),
+            memory_mib=tuple(memory[s] / c for s, c in kept),
         )
 
     @property

@@ -63,12 +63,16 @@ class Policy(ABC):
         digest = hashlib.blake2b(f"{self.seed}|{job.id}|{salt}".encode(), digest_size=8).digest()
         return int.from_bytes(digest, "little") % count
 
+    def shape_key(self, job: Job) -> tuple[object, ...]:
+        """What of a job a cached node score depends on (memory does not matter to FGD)."""
+        return (job.cpu_milli, job.gpu_milli, job.num_gpu, job.gpu_models)
+
     def node_scores(
         self, state: ClusterState, job: Job, nodes: np.ndarray, scorer: NodeScorer
     ) -> tuple[np.ndarray, np.ndarray]:
-        """`scorer` on `nodes`, memoised per job shape (memory aside) and node version, so
-        after a placement only the changed node is scored again for each shape."""
-        key = (id(self), job.cpu_milli, job.gpu_milli, job.num_gpu, job.gpu_models)
+        """`scorer` on `nodes`, memoised per job shape and node version, so after a
+        placement only the changed node is scored again for each shape."""
+        key = (id(self), *self.shape_key(job))
         entry: NodeScores | None = state.derived.get(key)
         if entry is None:
             if len(state.derived) >= MAX_CACHED_SHAPES:
