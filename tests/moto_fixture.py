@@ -88,7 +88,9 @@ class AwsProxy:
         handler = type("Handler", (_ProxyHandler,), {"proxy": self})
         self._server = ThreadingHTTPServer(("127.0.0.1", 0), handler)
         self._server.daemon_threads = True
-        self._thread = threading.Thread(target=self._server.serve_forever, daemon=True)
+        self._thread = threading.Thread(
+            target=self._server.serve_forever, kwargs={"poll_interval": 0.05}, daemon=True
+        )
         direct = session()
         self._eks = direct.client("eks", endpoint_url=upstream)
         self._autoscaling = direct.client("autoscaling", endpoint_url=upstream)

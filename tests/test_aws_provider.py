@@ -189,6 +189,44 @@ def test_the_chosen_instance_goes_and_desired_drops_by_exactly_one(aws: Aws) -> 
     assert group.target_size() == 3 and len(group.nodes()) == 3
 
 
+def test_a_drained_kubernetes_node_is_the_instance_that_goes(aws: Aws) -> None:
+    """Kubernetes names the node, its providerID names the instance, and exactly that
+    instance is terminated once its pods have been evicted."""
+    from fake_kube import FakeKube, disruption_budget_policy
+    from kubernetes import client as k8s
+
+    from scaler.kube.nodes import DrainSettings, NodeRemoval, RemovalStatus
+
+    cloud = asg_cloud(aws, [a100()])
+    (group,) = cloud.node_groups()
+    group.increase_size(3)
+    fake = FakeKube().start()
+    try:
+        fake.eviction_policy = disruption_budget_policy(fake)
+        instances = sorted(n.name for n in group.nodes())
+        for i, instance in enumerate(instances):
+            spec = {"providerID": cloud.provider_id(instance)}
+            fake.create("nodes", {"metadata": {"name": f"ip-10-0-0-{i}"}, "spec": spec})
+        containers = [{"name": "main", "image": "busybox"}]
+        pod = {
+            "metadata": {"name": "job"},
+            "spec": {"nodeName": "ip-10-0-0-1", "containers": containers},
+        }
+        fake.create("pods", {**pod, "status": {"phase": "Running"}})
+        api = k8s.ApiClient(k8s.Configuration(host=fake.url))
+        outcome = NodeRemoval(api, cloud, DrainSettings(timeout_s=1, poll_s=0.02)).remove(
+            "ip-10-0-0-1"
+        )
+    finally:
+        fake.stop()
+    assert outcome.status is RemovalStatus.REMOVED, outcome.reason
+    assert outcome.cloud_node == instances[1]
+    assert fake.objects("pods") == []
+    after = aws.describe(group.binding.auto_scaling_group)
+    assert after["DesiredCapacity"] == 2
+    assert sorted(i["InstanceId"] for i in after["Instances"]) == [instances[0], instances[2]]
+
+
 def test_bounds_are_the_tighter_of_pool_and_group(aws: Aws) -> None:
     pool = a100(max_size=6).model_copy(update={"min_size": 1})
     name = aws.asg("tight", min_size=0, max_size=3, desired=1)

@@ -385,8 +385,12 @@ class AwsNodeGroup:
                 f"{self.id()}: deleting {len(names)} would go below min size {self.min_size()}"
             )
         try:
-            for name in names:
-                self._cloud._terminate(self.id(), name)
+            for done, name in enumerate(names):
+                try:
+                    self._cloud._terminate(self.id(), name)
+                except ProviderError as exc:
+                    gone = ", ".join(names[:done]) or "none"
+                    raise ProviderError(f"{exc} (terminated before it: {gone})") from None
             if self.binding.eks_nodegroup is not None:
                 # The Auto Scaling group already shrank; tell EKS the same number so its
                 # record agrees at once (an absolute size: nothing more is launched or
