@@ -1,9 +1,264 @@
-"""CLI commands: placing."""
+"""CLI commands: placing (`gpuscale bench placement`)."""
 
 from __future__ import annotations
 
+import json
+import os
+import shutil
+import tempfile
+from pathlib import Path
+from typing import TYPE_CHECKING, Annotated
+
 import typer
+
+if TYPE_CHECKING:
+    from rich.table import Table
+
+    from scaler.placement.benchmark import ExperimentResult
+
+Anchors = dict[tuple[str, str], tuple[float, float]]
+
+BENCH_POLICIES = ("random", "dotprod", "gpuclustering", "gpupacking", "bestfit", "fgd", "gpuscale")
+ANCHORS = Path("shared/anchors/fgd_openb_allocation.csv")
 
 
 def register(app: typer.Typer, bench: typer.Typer) -> None:
     """Add this module's commands to the app and the bench group."""
+
+    @bench.command("placement")
+    def placement(
+        nodes: Annotated[
+            Path, typer.Option("--nodes", help="Node list CSV (openb_node_list_gpu_node.csv).")
+        ],
+        pods: Annotated[
+            list[Path],
+            typer.Option(
+                "--pods",
+                help="Pod list CSV; repeat for several workloads. The workload is named "
+                "after the file: openb_pod_list_default.csv -> default.",
+            ),
+        ],
+        seeds: Annotated[
+            str, typer.Option("--seeds", help="Seeds: a range 42-51, a list 42,45 or both.")
+        ] = "42-51",
+        policies: Annotated[
+            str,
+            typer.Option("--policies", help="Comma-separated policies (gpuscale is ours)."),
+        ] = ",".join(BENCH_POLICIES),
+        json_out: Annotated[
+            Path | None, typer.Option("--json", help="Write {suite, rows} JSON here.")
+        ] = None,
+        plot: Annotated[
+            Path | None,
+            typer.Option("--plot", help="Write allocation curves (PNG): mean over seeds."),
+        ] = None,
+        workers: Annotated[
+            int, typer.Option("--workers", min=1, help="Experiments run in parallel processes.")
+        ] = 1,
+        anchors: Annotated[
+            Path | None,
+            typer.Option(
+                "--anchors",
+                help="Published results CSV to print next to ours "
+                "(default: ../shared/anchors/fgd_openb_allocation.csv when present).",
+            ),
+        ] = None,
+    ) -> None:
+        """The FGD paper's workload-inflation experiment (BENCHMARKS.md, placement).
+
+        For each pod list, policy and seed: the pods in a seeded random order, then
+        seeded copies until 130% of the cluster's GPUs are requested; pods are placed
+        one by one and never deleted. Reports the share of GPUs allocated when the
+        arrived requests reach 100% and 130% of the cluster, the failed pods and the
+        wall time of each experiment, next to the published numbers.
+        """
+        from rich.console import Console
+        from rich.progress import Progress
+
+        from predictor.loaders import load_openb_nodes, load_openb_pods
+        from scaler.placement import POLICIES
+        from scaler.placement.benchmark import load_anchors, run_matrix, workload_name
+
+        seed_list = parse_seeds(seeds)
+        policy_list = [p.strip() for p in policies.split(",") if p.strip()]
+        unknown = [p for p in policy_list if p not in POLICIES]
+        if unknown or not policy_list:
+            raise typer.BadParameter(
+                f"unknown policy {unknown[0] if unknown else '(none)'}; "
+                f"known: {', '.join(POLICIES)}",
+                param_hint="--policies",
+            )
+        names = [workload_name(p) for p in pods]
+        if len(set(names)) != len(names):
+            raise typer.BadParameter("two pod lists have the same workload name", "--pods")
+        node_table = load_openb_nodes(nodes)
+        workloads = {name: load_openb_pods(path) for name, path in zip(names, pods, strict=True)}
+        anchor_path = anchors or _default_anchors()
+        published = load_anchors(anchor_path) if anchor_path else {}
+
+        console = Console(width=max(120, shutil.get_terminal_size().columns))
+        total = len(names) * len(policy_list) * len(seed_list)
+        with Progress(console=console, transient=True) as progress:
+            task = progress.add_task("placement experiments", total=total)
+            results = run_matrix(
+                node_table,
+                workloads,
+                policy_list,
+                seed_list,
+                workers=workers,
+                on_result=lambda _r: progress.advance(task),
+            )
+        console.print(summary_table(results, published))
+        for line in target_lines(results, published):
+            console.print(line)
+        if json_out is not None:
+            rows = [r.row() for r in results]
+            _write_atomic(json_out, json.dumps({"suite": "placement", "rows": rows}, indent=1))
+            console.print(f"wrote {len(rows)} rows to {json_out}")
+        if plot is not None:
+            plot_curves(results, plot)
+            console.print(f"wrote allocation curves to {plot}")
+
+
+def parse_seeds(text: str) -> list[int]:
+    """'42-51' -> 42..51; '42,45' -> [42, 45]; ranges and lists combine."""
+    seeds: list[int] = []
+    try:
+        for part in text.split(","):
+            part = part.strip()
+            if "-" in part:
+                low, high = (int(x) for x in part.split("-", 1))
+                if high < low:
+                    raise ValueError(part)
+                seeds.extend(range(low, high + 1))
+            elif part:
+                seeds.append(int(part))
+    except ValueError:
+        raise typer.BadParameter(f"not a seed list: {text!r}", param_hint="--seeds") from None
+    if not seeds:
+        raise typer.BadParameter("no seeds given", param_hint="--seeds")
+    return list(dict.fromkeys(seeds))
+
+
+def _default_anchors() -> Path | None:
+    for base in (Path.cwd().parent, Path(__file__).resolve().parents[3]):
+        if (base / ANCHORS).is_file():
+            return base / ANCHORS
+    return None
+
+
+def summary_table(results: list[ExperimentResult], published: Anchors) -> Table:
+    """Mean over seeds per workload and policy, next to the published means."""
+    import numpy as np
+    from rich.table import Table
+
+    table = Table(title="Placement: GPU allocation (%) at 100% and 130% arrival")
+    for column in ("workload", "policy", "seeds", "ours@100", "pub@100", "ours@130", "pub@130"):
+        table.add_column(column, justify="left" if column in ("workload", "policy") else "right")
+    for column in ("Δ130", "sd130", "failed", "s/exp"):
+        table.add_column(column, justify="right")
+    for (workload, policy), group in _grouped(results).items():
+        at100 = np.array([r.alloc_at_100 for r in group])
+        at130 = np.array([r.alloc_at_130 for r in group])
+        pub = published.get((workload, policy))
+        table.add_row(
+            workload,
+            policy,
+            str(len(group)),
+            f"{at100.mean():.2f}",
+            f"{pub[0]:.2f}" if pub else "-",
+            f"{at130.mean():.2f}",
+            f"{pub[1]:.2f}" if pub else "-",
+            f"{at130.mean() - pub[1]:+.2f}" if pub else "-",
+            f"{at130.std():.2f}",
+            f"{np.mean([r.failed_pods for r in group]):.0f}",
+            f"{np.median([r.seconds for r in group]):.2f}",
+        )
+    return table
+
+
+def target_lines(results: list[ExperimentResult], published: Anchors) -> list[str]:
+    """The BENCHMARKS.md targets, checked against the published numbers."""
+    import numpy as np
+
+    lines = []
+    groups = _grouped(results)
+    for policy in ("bestfit", "fgd"):
+        gaps = [
+            max(
+                abs(np.mean([r.alloc_at_100 for r in g]) - published[(w, p)][0]),
+                abs(np.mean([r.alloc_at_130 for r in g]) - published[(w, p)][1]),
+            )
+            for (w, p), g in groups.items()
+            if p == policy and (w, p) in published
+        ]
+        if gaps:
+            lines.append(
+                f"{policy}: largest gap to published over {len(gaps)} workloads "
+                f"{max(gaps):.2f} points (target <= 1.0)"
+            )
+    gains = {
+        w: np.mean([r.alloc_at_130 for r in g]) - published[(w, "fgd")][1]
+        for (w, p), g in groups.items()
+        if p == "gpuscale" and (w, "fgd") in published
+    }
+    if gains:
+        worst = min(gains, key=gains.__getitem__)
+        lines.append(
+            f"gpuscale vs published FGD at 130%: mean {np.mean(list(gains.values())):+.2f} "
+            f"points (target >= +0.5), worst {worst} {gains[worst]:+.2f} (target >= 0)"
+        )
+    seconds = [r.seconds for r in results]
+    lines.append(f"median seconds per experiment: {np.median(seconds):.2f} (target <= 10)")
+    return lines
+
+
+def plot_curves(results: list[ExperimentResult], path: Path) -> None:
+    """One panel per workload: allocated vs arrived share, mean over seeds per policy."""
+    import math
+
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+    import numpy as np
+
+    groups = _grouped(results)
+    workloads = list(dict.fromkeys(w for w, _ in groups))
+    cols = min(3, len(workloads))
+    rows = math.ceil(len(workloads) / cols)
+    fig, axes = plt.subplots(rows, cols, figsize=(5 * cols, 3.6 * rows), squeeze=False)
+    x = np.arange(len(results[0].curve))
+    for ax, workload in zip(axes.flat, workloads, strict=False):
+        for (w, policy), group in groups.items():
+            if w == workload:
+                curve = np.nanmean([r.curve for r in group], axis=0)
+                ax.plot(x, curve, label=policy, lw=2.2 if policy == "gpuscale" else 1.2)
+        ax.plot(x, np.minimum(x, 100), color="grey", ls=":", lw=1)
+        ax.set(title=workload, xlabel="arrived GPU share (%)", ylabel="allocated (%)")
+        ax.set_xlim(60, x[-1])
+        ax.set_ylim(60, 100)
+        ax.grid(alpha=0.3)
+    for ax in list(axes.flat)[len(workloads) :]:
+        ax.set_visible(False)
+    axes.flat[0].legend(fontsize=8)
+    fig.tight_layout()
+    path.parent.mkdir(parents=True, exist_ok=True)
+    with tempfile.NamedTemporaryFile(dir=path.parent, suffix=".png", delete=False) as tmp:
+        fig.savefig(tmp.name, dpi=110)
+    plt.close(fig)
+    os.replace(tmp.name, path)
+
+
+def _grouped(results: list[ExperimentResult]) -> dict[tuple[str, str], list[ExperimentResult]]:
+    groups: dict[tuple[str, str], list[ExperimentResult]] = {}
+    for r in results:
+        groups.setdefault((r.experiment.workload, r.experiment.policy), []).append(r)
+    return groups
+
+
+def _write_atomic(path: Path, text: str) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    with tempfile.NamedTemporaryFile("w", dir=path.parent, suffix=".tmp", delete=False) as tmp:
+        tmp.write(text)
+    os.replace(tmp.name, path)

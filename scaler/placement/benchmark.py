@@ -36,7 +36,9 @@ if TYPE_CHECKING:
     import pandas as pd
 
 INFLATION_RATIO = 1.3
-CURVE_POINTS = 131  # allocated share at each whole percent of arrived share, 0..130
+# Allocated share at each whole percent of arrived share, 0..130; arrivals stop just short
+# of 130%, so the last point is the state at the end of arrivals.
+CURVE_POINTS = 131
 PUBLISHED_NAMES = {
     "Random": "random",
     "BestFit": "bestfit",
@@ -172,6 +174,7 @@ def run_experiment(
             next_point += 1
         if math.isnan(at_100) and arrived >= total:
             at_100 = share
+    curve[next_point:] = 100.0 * allocated / total
     return ExperimentResult(
         experiment=experiment,
         alloc_at_100=at_100,
