@@ -198,6 +198,33 @@ def test_a_pod_guarded_by_a_disruption_budget_blocks_removal_until_it_can_go(
     assert cluster.pods(node) == [] and group.target_size() == 2
 
 
+def test_budgets_by_max_unavailable_and_overlapping_budgets(cluster: Cluster) -> None:
+    node, other = list(cluster.nodes)[:2]
+    cluster.fake.create(
+        "poddisruptionbudgets",
+        {
+            "metadata": {"name": "web-pdb", "namespace": "ml"},
+            "spec": {"maxUnavailable": "50%", "selector": {"matchLabels": {"app": "web"}}},
+        },
+    )
+    cluster.fake.create("pods", pod("web-1", node, labels={"app": "web"}))
+    cluster.fake.create("pods", pod("web-2", other, labels={"app": "web"}))
+    cluster.fake.create("pods", pod("web-3", None, labels={"app": "web"}, phase="Pending"))
+    # 3 covered, 50% may be unavailable (rounds up: 2), so 1 must stay healthy: 2 are.
+    assert cluster.removal().drain(node) == ()
+
+    cluster.fake.create("poddisruptionbudgets", budget("a-pdb", "db", 1))
+    cluster.fake.create("poddisruptionbudgets", budget("b-pdb", "db", 0))
+    cluster.fake.create("pods", pod("db-1", other, labels={"app": "db"}))
+    drain = cluster.removal(DrainSettings(timeout_s=0.05, poll_s=0.01)).drain(other)
+    blocking = {b.name: b for b in drain}
+    assert sorted(blocking) == ["db-1", "web-2"]
+    assert blocking["db-1"].budget == "a-pdb, b-pdb"
+    assert "more than one PodDisruptionBudget" in blocking["db-1"].reason
+    # web-1 is gone: of the 2 covered, 1 may be unavailable, and web-3 already is.
+    assert blocking["web-2"].budget == "web-pdb"
+
+
 def test_a_pod_marked_not_safe_to_evict_blocks_and_is_never_evicted(cluster: Cluster) -> None:
     node = next(iter(cluster.nodes))
     annotations = {"cluster-autoscaler.kubernetes.io/safe-to-evict": "false"}

@@ -111,7 +111,6 @@ class AwsSettings(BaseModel):
 @dataclass(frozen=True, slots=True)
 class _Instance:
     id: str
-    asg: str
     zone: str
     lifecycle: str
 
@@ -121,7 +120,6 @@ class _GroupState:
     desired: int
     min_size: int  # the cloud's own bounds; the pool's are applied on top
     max_size: int
-    asgs: tuple[str, ...]
     instances: tuple[_Instance, ...]  # serving or booting only
 
 
@@ -189,7 +187,7 @@ class AwsCloud:
         raise ProviderError(f"no node group holds instance {instance_id}")
 
     # Calls -------------------------------------------------------------------------
-    def call(self, what: str, action: Callable[[], T]) -> T:
+    def _call(self, what: str, action: Callable[[], T]) -> T:
         """Run one AWS call; busy answers are retried with jittered exponential backoff
         (throttling and 5xx were already retried inside botocore)."""
         s = self.settings
@@ -239,7 +237,7 @@ class AwsCloud:
         for group in groups:
             names = asg_names[group.id()]
             instances = tuple(
-                _Instance(i["InstanceId"], name, i["AvailabilityZone"], i["LifecycleState"])
+                _Instance(i["InstanceId"], i["AvailabilityZone"], i["LifecycleState"])
                 for name in names
                 for i in described[name].get("Instances", [])
                 if i["LifecycleState"] in SERVING_STATES
@@ -249,14 +247,14 @@ class AwsCloud:
             else:
                 (asg,) = (described[n] for n in names)
                 desired, low, high = asg["DesiredCapacity"], asg["MinSize"], asg["MaxSize"]
-            states[group.id()] = _GroupState(desired, low, high, names, instances)
+            states[group.id()] = _GroupState(desired, low, high, instances)
         return states
 
     def _describe_nodegroup(self, binding: AwsPoolBinding) -> dict[str, Any]:
         assert self._eks is not None
         eks = self._eks
         what = f"{binding.pool}: describe EKS node group {binding.eks_nodegroup}"
-        answer = self.call(
+        answer = self._call(
             what,
             lambda: eks.describe_nodegroup(
                 clusterName=binding.eks_cluster, nodegroupName=binding.eks_nodegroup
@@ -278,7 +276,7 @@ class AwsCloud:
                     for asg in answer["AutoScalingGroups"]
                 ]
 
-            for asg in self.call("describe auto scaling groups", page):
+            for asg in self._call("describe auto scaling groups", page):
                 found[asg["AutoScalingGroupName"]] = asg
         missing = [n for n in ordered if n not in found]
         if missing:
@@ -299,13 +297,13 @@ class AwsCloud:
                     for instance in reservation["Instances"]
                 ]
 
-            for instance in self.call("describe instances", page):
+            for instance in self._call("describe instances", page):
                 self._launched[instance["InstanceId"]] = instance["LaunchTime"]
 
     def _set_desired(self, group: AwsNodeGroup, desired: int) -> None:
         b = group.binding
         if b.auto_scaling_group is not None:
-            self.call(
+            self._call(
                 f"{b.pool}: set desired capacity of {b.auto_scaling_group} to {desired}",
                 lambda: self._autoscaling.set_desired_capacity(
                     AutoScalingGroupName=b.auto_scaling_group,
@@ -316,7 +314,7 @@ class AwsCloud:
             return
         assert self._eks is not None
         eks = self._eks
-        self.call(
+        self._call(
             f"{b.pool}: set desired size of EKS node group {b.eks_nodegroup} to {desired}",
             lambda: eks.update_nodegroup_config(
                 clusterName=b.eks_cluster,
@@ -326,7 +324,7 @@ class AwsCloud:
         )
 
     def _terminate(self, pool: str, instance_id: str) -> None:
-        self.call(
+        self._call(
             f"{pool}: terminate {instance_id}",
             lambda: self._autoscaling.terminate_instance_in_auto_scaling_group(
                 InstanceId=instance_id, ShouldDecrementDesiredCapacity=True
