@@ -360,3 +360,40 @@ def test_pool_config_errors_name_the_field(tmp_path: Path) -> None:
     with pytest.raises(InputError) as broken:
         load_pools(path)
     assert broken.value.path == str(path)
+
+
+def test_gpuscale_plan_prints_a_decision_from_a_forecast_file(tmp_path: Path) -> None:
+    from typer.testing import CliRunner
+
+    from scaler.cli import app
+
+    pools = tmp_path / "pools.yaml"
+    pools.write_text(
+        "pools:\n"
+        "  - {name: a100, gpu_model: A100, gpus_per_node: 8, price_per_hour: 32, max_size: 20}\n"
+        "  - {name: t4, gpu_model: T4, gpus_per_node: 4, price_per_hour: 4, max_size: 20}\n"
+    )
+    forecast = tmp_path / "forecast.csv"
+    forecast.write_text(
+        "unique_id,horizon,q0.5,q0.9,q0.99\n"
+        "training,1,30,34,38\ntraining,2,40,44,50\n"
+        "inference,1,6,7,8\ninference,2,6,7,8\n"
+    )
+    args = [
+        "plan", "--pools", str(pools), "--forecast", str(forecast),
+        "--observed", "training=28", "--observed", "inference=6",
+        "--group-models", "training=A100", "--fleet", "a100=3+1", "--json",
+    ]  # fmt: skip
+    result = CliRunner().invoke(app, args)
+    assert result.exit_code == 0, result.output
+    document = json.loads(result.output)
+    # Training needs 50 A100 GPUs: 7 nodes, 6 GPUs spare; inference (any model) uses those
+    # and needs one T4 node for the last 2 of its 8.
+    assert document["desired"] == {"a100": 7, "t4": 1}
+    assert {d["pool"]: d["action"] for d in document["decisions"]} == {
+        "a100": "scale_up",
+        "t4": "scale_up",
+    }
+    missing = CliRunner().invoke(app, [*args[:5], "--json"])
+    assert missing.exit_code != 0
+    assert "observed" in str(missing.exception or missing.output)
