@@ -630,7 +630,11 @@ def _static(
             entry = max(started or entries, key=lambda e: e.start)
             size, source = entry.size, f"schedule from {entry.start.isoformat('minutes')}"
         size = min(max(size, pool.min_size), pool.max_size)
-        have = current.get(pool.name, PoolFleet(pool.name, 0)).total
+        fleet_now = current.get(pool.name, PoolFleet(pool.name, 0))
+        have = fleet_now.total
+        if size < have - fleet_now.can_remove:
+            size = have - fleet_now.can_remove
+            source += " (busy nodes stay)"
         desired[pool.name] = size
         action: Literal["scale_up", "scale_down", "hold"] = (
             "scale_up" if size > have else "scale_down" if size < have else "hold"

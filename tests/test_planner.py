@@ -325,6 +325,8 @@ def test_static_mode_follows_the_daily_schedule() -> None:
     assert plan([], at(12), [pool()], policy).desired == {"a100": 20}
     assert plan([], at(22), [pool()], policy).desired == {"a100": 6}
     assert plan([], at(3), [pool()], policy).desired == {"a100": 6}  # yesterday's last entry
+    busy = FleetState(at=datetime(2024, 1, 1, 22), pools=(PoolFleet("a100", 10, removable=1),))
+    assert plan([], busy, [pool()], policy).desired == {"a100": 9}
 
 
 def test_plan_is_json_ready_with_reasons_and_inputs() -> None:
