@@ -49,7 +49,7 @@ class BenchSettings:
     lags: tuple[int, ...] = (0, 1)
     gpus_per_node: int | None = None  # a generic series counts GPUs when set
     calibration_days: float = 7.0
-    policy: PlannerPolicy = field(default_factory=lambda: PlannerPolicy(mode="hybrid"))
+    policy: PlannerPolicy = field(default_factory=PlannerPolicy)
 
 
 def units_per_node(trace: DemandTrace, gpus_per_node: int | None) -> int:
