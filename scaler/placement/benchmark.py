@@ -2,7 +2,9 @@
 
 One experiment = one pod list, one policy, one seed: the trace's pods in a seeded random
 order, then copies of pods drawn uniformly with replacement (same seed) until the GPUs
-requested would pass `ratio` (130%) of the cluster's GPUs. Pods are placed one at a time,
+requested would pass `ratio` (130%) of the cluster's GPUs. A trace that already asks for
+more (a big trace on a small cluster) loses seeded random pods until it does not, as the
+paper's artifact does. Pods are placed one at a time,
 never deleted; a pod that fits nowhere fails and is skipped. The arrived share is the GPUs
 requested by all pods seen so far over the cluster's GPUs; the allocated share is recorded
 when the arrived share first reaches 100%, and at the end of the arrivals (the last pod
@@ -113,11 +115,14 @@ def jobs_from_pods(pods: pd.DataFrame) -> list[Job]:
 
 
 def arrival_order(jobs: Sequence[Job], total_gpu_milli: int, seed: int, ratio: float) -> list[Job]:
-    """The trace's jobs shuffled, then seeded copies until `ratio` of the GPUs would be passed."""
+    """The trace's jobs shuffled, then seeded copies until `ratio` of the GPUs would be passed
+    (or seeded removals until it is not)."""
     rng = np.random.default_rng(seed)
     order = [jobs[i] for i in rng.permutation(len(jobs))]
     requested = sum(j.gpu_request_milli for j in order)
     limit = ratio * total_gpu_milli
+    while requested > limit:
+        requested -= order.pop(int(rng.integers(len(order)))).gpu_request_milli
     if not any(j.gpu_request_milli for j in jobs):
         return order
     copy = 0
@@ -188,8 +193,8 @@ def run_experiment(
 
 
 def _reason_kind(reason: str) -> str:
-    """Group failure reasons: drop the per-pod numbers after the first colon."""
-    return reason.split(":")[0]
+    """Group failure reasons: drop the per-pod details after a colon or parenthesis."""
+    return reason.split(":")[0].split(" (")[0]
 
 
 def run_matrix(
