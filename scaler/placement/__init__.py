@@ -5,23 +5,37 @@ from scaler.placement import ClusterState, Job, Placement, place, POLICIES
 
 from scaler.placement.cluster import Allocation, ClusterState, NodeSpec
 from scaler.placement.decision import Placement, Unschedulable
+from scaler.placement.defrag import DefragPlan, apply_plan, plan_defrag
 from scaler.placement.engine import commit, place
+from scaler.placement.gang import GangPlacement, commit_gang, place_gang
 from scaler.placement.job import Job
 from scaler.placement.mix import WorkloadMix
 from scaler.placement.policies import DEFAULT_POLICY, POLICIES, Policy, make_policy
+from scaler.placement.preemption import preempt
+from scaler.placement.queue import QueuePolicy, admission_order, admit
 
 __all__ = [
     "DEFAULT_POLICY",
     "POLICIES",
     "Allocation",
     "ClusterState",
+    "DefragPlan",
+    "GangPlacement",
     "Job",
     "NodeSpec",
     "Placement",
     "Policy",
+    "QueuePolicy",
     "Unschedulable",
     "WorkloadMix",
+    "admission_order",
+    "admit",
+    "apply_plan",
     "commit",
+    "commit_gang",
     "make_policy",
     "place",
+    "place_gang",
+    "plan_defrag",
+    "preempt",
 ]
