@@ -490,7 +490,8 @@ class _Handler(BaseHTTPRequestHandler):
             kind, namespace, name, sub, query = self._route()
             ns = namespace or ""
             if method == "GET" and name is None:
-                if query.get("watch") in ("true", "1"):
+                # Go's ParseBool: older clients send "True".
+                if query.get("watch") in ("1", "t", "T", "true", "TRUE", "True"):
                     self._watch(kind, namespace, query)
                     return
                 items, rv = self.kube.list_state(
