@@ -62,7 +62,10 @@ def plan_defrag(
     freed_nodes: list[str] = []
     freed_gpus: list[tuple[str, int]] = []
     reserved = np.zeros(state.size, dtype=bool)  # freed nodes must stay empty
+    received: set[tuple[int, int | None]] = set()  # targets are not emptied in turn
     for node, gpu in _units(scratch, goal):
+        if (node, gpu) in received:
+            continue
         jobs = _jobs_in(scratch, node, gpu)
         budget = max_moves - len(moves)
         if not jobs or len(jobs) > budget or not all(movable(scratch.jobs[j].job) for j in jobs):
@@ -77,6 +80,9 @@ def plan_defrag(
             planned[-1], frees=f"node {name}" if gpu is None else f"GPU {gpu} of {name}"
         )
         moves.extend(planned)
+        for m in planned:
+            target = scratch.node_index(m.target)
+            received.add((target, None) if gpu is None else (target, m.target_gpus[0]))
         if gpu is None:
             freed_nodes.append(name)
             reserved[node] = True
