@@ -341,3 +341,19 @@ def test_prometheus_outage_is_a_gap_and_the_collector_resumes(
     expected = live.expected()["gpu_util"]
     assert len(after) > 0
     assert (after["y"] == after["unique_id"].map(expected)).all()
+
+    # Retraining works on what was collected, gap and all.
+    registry = tmp_path / "models"
+    retrained = CliRunner().invoke(
+        app,
+        [
+            *("retrain", "--state-dir", str(state_dir), "--registry", str(registry), "--json"),
+            *("--metric", "gpu_util", "--step", "1s", "--backtest-steps", "20"),
+            *("--horizons", "1,3", "--model", "empirical"),
+        ],
+    )
+    assert retrained.exit_code == 0, retrained.output
+    outcome = json.loads(retrained.output)
+    assert outcome["promoted"] and outcome["stored_as"] == "gpuscale:1"
+    # Three GPUs, 20 steps each, less the steps inside the gap that were never observed.
+    assert 0 < outcome["candidate"]["steps"]["1"] <= 3 * 20

@@ -1,0 +1,260 @@
+"""CLI commands `retrain` and `models list | show | promote | rollback`: the model registry
+and backtest-gated retraining from the telemetry store."""
+
+from __future__ import annotations
+
+import inspect
+import json
+from pathlib import Path
+from typing import Annotated, Any
+
+import typer
+
+STATE_DIR_HELP = "State directory holding the telemetry store."
+REGISTRY_HELP = "Model registry directory (one folder per model name and version)."
+
+RegistryOption = Annotated[
+    Path, typer.Option("--registry", envvar="GPUSCALE_MODELS_DIR", help=REGISTRY_HELP)
+]
+JsonOption = Annotated[bool, typer.Option("--json", help="Print as JSON.")]
+
+
+def register(app: typer.Typer, bench: typer.Typer) -> None:
+    """Add this module's commands to the app and the bench group."""
+    app.command("retrain", help=_prose(retrain.__doc__))(retrain)
+    models = typer.Typer(
+        help="The model registry: list and inspect versions, promote one, roll back.",
+        no_args_is_help=True,
+    )
+    models.command("list", help=_prose(models_list.__doc__))(models_list)
+    models.command("show", help=_prose(models_show.__doc__))(models_show)
+    models.command("promote", help=_prose(models_promote.__doc__))(models_promote)
+    models.command("rollback", help=_prose(models_rollback.__doc__))(models_rollback)
+    app.add_typer(models, name="models")
+
+
+def retrain(
+    state_dir: Annotated[
+        Path, typer.Option("--state-dir", envvar="GPUSCALE_STATE_DIR", help=STATE_DIR_HELP)
+    ],
+    registry: RegistryOption = Path("models"),
+    name: Annotated[str, typer.Option("--name", help="Registry name of the served model.")] = (
+        "gpuscale"
+    ),
+    model: Annotated[
+        str,
+        typer.Option(
+            "--model",
+            help="Kind of the candidate: gpuscale, lightgbm, persistence, seasonal-naive,"
+            " empirical.",
+        ),
+    ] = "gpuscale",
+    metric: Annotated[str, typer.Option("--metric", help="Store metric to forecast.")] = (
+        "gpu_demand"
+    ),
+    series: Annotated[
+        list[str] | None, typer.Option("--series", help="Only this series (repeatable).")
+    ] = None,
+    step: Annotated[
+        str, typer.Option("--step", help="Forecast step; history is resampled (max per step).")
+    ] = "10min",
+    backtest_steps: Annotated[
+        int, typer.Option("--backtest-steps", help="Steps in the recent window both are judged on.")
+    ] = 144,
+    horizons: Annotated[
+        str, typer.Option("--horizons", help="Horizons in steps, comma-separated.")
+    ] = "1,3,18",
+    quantile: Annotated[
+        float | None,
+        typer.Option(
+            "--quantile",
+            help="Upper quantile judged (default: the planner's base quantile, 0.99).",
+        ),
+    ] = None,
+    score: Annotated[
+        str,
+        typer.Option(
+            "--score", help="pinball (of --quantile, the default) or rmse (of the median)."
+        ),
+    ] = "pinball",
+    as_json: JsonOption = False,
+) -> None:
+    """Retrain the forecaster on the store's history; promote it only if it backtests better.
+
+    The candidate is fitted on the history before a recent window (--backtest-steps), then
+    the candidate and the served model (the latest version of --name) forecast that same
+    window, each step from data up to t - h only. The candidate is promoted (stored as the
+    next version of --name, which makes it the served model) only when its score, averaged
+    over --horizons, is lower; otherwise it is stored under NAME.rejected. Both scores are
+    kept in the version's metadata. Exit status 0 either way.
+    """
+    import pandas as pd
+    from rich.console import Console
+
+    from predictor.errors import InputError
+    from predictor.registry import ModelRegistry
+    from predictor.retraining import RetrainPlan
+    from predictor.retraining import retrain as run_retrain
+    from predictor.store import TelemetryStore
+
+    if not state_dir.is_dir():
+        raise typer.BadParameter(f"no such directory: {state_dir}", param_hint="--state-dir")
+    if score not in ("pinball", "rmse"):
+        raise typer.BadParameter("pinball or rmse", param_hint="--score")
+    try:
+        steps = tuple(int(h) for h in horizons.split(","))
+        resolution = pd.Timedelta(step)
+    except ValueError as exc:
+        raise InputError(f"bad --horizons or --step: {exc}") from None
+    if quantile is None:
+        from scaler.planner import PlannerPolicy
+
+        quantile = float(PlannerPolicy.model_fields["base_quantile"].default)
+    plan = RetrainPlan(
+        name=name,
+        model=model,
+        metric=metric,
+        series=tuple(series) if series else None,
+        step=resolution,
+        backtest_steps=backtest_steps,
+        horizons=steps,
+        quantile=quantile,
+        score=score,  # type: ignore[arg-type]
+    )
+    console = Console(stderr=True, quiet=as_json)
+    with console.status("retraining") as status:
+        outcome = run_retrain(
+            TelemetryStore(state_dir),
+            ModelRegistry(registry),
+            plan,
+            on_step=lambda what: status.update(what),
+        )
+    document = {
+        "promoted": outcome.promoted,
+        "reason": outcome.reason,
+        "stored_as": f"{outcome.record.name}:{outcome.record.version}",
+        "score": plan.score_name,
+        "window": [outcome.window[0].isoformat(), outcome.window[1].isoformat()],
+        "candidate": outcome.candidate.to_dict(),
+        "served": None
+        if outcome.current is None
+        else {"version": outcome.current_version, **outcome.current.to_dict()},
+    }
+    if as_json:
+        typer.echo(json.dumps(document, indent=2))
+        return
+    verdict = "PROMOTED" if outcome.promoted else "KEPT the served model"
+    typer.echo(f"{verdict}: {outcome.reason}")
+    typer.echo(f"candidate stored as {document['stored_as']}")
+    for h, value in outcome.candidate.per_horizon.items():
+        current = (
+            "" if outcome.current is None else f", served {outcome.current.per_horizon[h]:.4g}"
+        )
+        typer.echo(f"  h={h}: candidate {value:.4g}{current} ({plan.score_name})")
+
+
+def models_list(registry: RegistryOption = Path("models"), as_json: JsonOption = False) -> None:
+    """List every stored version: when it was made, what kind, its backtest score, how it
+    got there (retrain, promote, rollback) and which version each name serves."""
+    from predictor.registry import ModelRegistry
+    from predictor.retraining import REJECTED_SUFFIX
+
+    reg = ModelRegistry(registry)
+    rows = []
+    for name in reg.names():
+        versions = reg.versions(name)
+        for rec in versions:
+            meta = rec.metadata
+            candidate = (meta.get("backtest") or {}).get("candidate") or {}
+            rows.append(
+                {
+                    "name": name,
+                    "version": rec.version,
+                    "created": meta.get("created"),
+                    "model": meta.get("model"),
+                    "score": (meta.get("backtest") or {}).get("score"),
+                    "value": candidate.get("value"),
+                    "by": (meta.get("decision") or {}).get("by"),
+                    "serving": rec is versions[-1] and not name.endswith(REJECTED_SUFFIX),
+                }
+            )
+    if as_json:
+        typer.echo(json.dumps(rows, indent=2))
+        return
+    from rich.console import Console
+    from rich.table import Table
+
+    table = Table(title=f"model registry {registry}")
+    for column in ("name", "version", "created", "model", "score", "by", "serving"):
+        table.add_column(column)
+    for row in rows:
+        value = "" if row["value"] is None else f"{row['score']} {row['value']:.4g}"
+        table.add_row(
+            row["name"],
+            str(row["version"]),
+            str(row["created"]),
+            str(row["model"]),
+            value,
+            str(row["by"]),
+            "yes" if row["serving"] else "",
+        )
+    Console().print(table)
+
+
+def models_show(
+    reference: Annotated[str, typer.Argument(help="NAME or NAME:VERSION (default: latest).")],
+    registry: RegistryOption = Path("models"),
+) -> None:
+    """Print one version's metadata (training window, features, settings, backtest scores,
+    decision, library versions, artifact checksum) as JSON."""
+    from predictor.registry import ModelRegistry, parse_reference
+
+    name, version = parse_reference(reference)
+    record = ModelRegistry(registry).record(name, version)
+    typer.echo(json.dumps(record.metadata, indent=2))
+
+
+def models_promote(
+    reference: Annotated[str, typer.Argument(help="NAME:VERSION to serve (e.g. a rejected one).")],
+    registry: RegistryOption = Path("models"),
+    to: Annotated[
+        str | None,
+        typer.Option("--to", help="Name to serve it under (default: NAME without .rejected)."),
+    ] = None,
+    as_json: JsonOption = False,
+) -> None:
+    """Serve a stored version by hand: a copy becomes the newest version of the served name."""
+    from predictor.registry import ModelRegistry
+    from predictor.retraining import promote
+
+    record = promote(ModelRegistry(registry), reference, to)
+    _say(record, as_json)
+
+
+def models_rollback(
+    name: Annotated[str, typer.Argument(help="Served model name.")],
+    registry: RegistryOption = Path("models"),
+    as_json: JsonOption = False,
+) -> None:
+    """Serve again the model served before the current one (a copy becomes the newest
+    version; repeated rollbacks walk further back)."""
+    from predictor.registry import ModelRegistry, check_name
+    from predictor.retraining import rollback
+
+    record = rollback(ModelRegistry(registry), check_name(name))
+    _say(record, as_json)
+
+
+def _say(record: Any, as_json: bool) -> None:
+    decision = record.metadata["decision"]
+    document = {"serving": f"{record.name}:{record.version}", "reason": decision["reason"]}
+    if as_json:
+        typer.echo(json.dumps(document, indent=2))
+    else:
+        typer.echo(f"{record.name} now serves version {record.version} ({decision['reason']})")
+
+
+def _prose(doc: str | None) -> str:
+    """A docstring as help text, its paragraphs unwrapped (Typer prints them as written)."""
+    paragraphs = inspect.cleandoc(doc or "").split("\n\n")
+    return "\n\n".join(" ".join(p.split()) for p in paragraphs)

@@ -1,0 +1,159 @@
+"""Backtest-gated retraining from the store, and the registry commands around it."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+from typer.testing import CliRunner
+
+from predictor.registry import ModelRegistry
+from predictor.store import TelemetryStore
+from scaler.cli import app
+
+DAY = 144  # 10-minute steps
+
+
+def random_walk(start: str, regimes: list[tuple[int, float]], seed: int) -> pd.DataFrame:
+    """GPU demand of one pool: a random walk whose step size changes by regime
+    ((days, standard deviation of a 10-minute change) each)."""
+    rng = np.random.default_rng(seed)
+    changes = np.concatenate([rng.normal(0, sd, days * DAY) for days, sd in regimes])
+    y = np.round(500 + np.cumsum(changes), 1)
+    ds = pd.date_range(start, periods=y.size, freq="10min")
+    return pd.DataFrame({"unique_id": "pool-a", "ds": ds, "y": y})
+
+
+def store_with(path: Path, frame: pd.DataFrame) -> Path:
+    TelemetryStore(path).append(frame, metric="gpu_demand", source="test")
+    return path
+
+
+def run(*args: str) -> dict:
+    result = CliRunner().invoke(app, [*args, "--json"])
+    assert result.exit_code == 0, result.output
+    return json.loads(result.output)
+
+
+def retrain(state: Path, registry: Path) -> dict:
+    return run(
+        "retrain",
+        "--state-dir",
+        str(state),
+        "--registry",
+        str(registry),
+        "--model",
+        "empirical",
+        "--backtest-steps",
+        str(DAY),
+    )
+
+
+def test_a_better_candidate_is_promoted(tmp_path: Path) -> None:
+    registry = tmp_path / "models"
+    calm = store_with(tmp_path / "calm", random_walk("2026-01-01", [(4, 1.0)], seed=1))
+    first = retrain(calm, registry)
+    assert first["promoted"] and first["reason"] == "no model was served"
+    assert first["stored_as"] == "gpuscale:1" and first["served"] is None
+
+    # The cluster got busier: 10x larger moves. A candidate that learned them wins.
+    busy = store_with(tmp_path / "busy", random_walk("2026-01-05", [(5, 10.0)], seed=2))
+    second = retrain(busy, registry)
+    assert second["promoted"], second["reason"]
+    assert second["stored_as"] == "gpuscale:2"
+    assert second["served"]["version"] == 1
+    assert second["candidate"]["value"] < second["served"]["value"]
+    assert second["candidate"]["steps"] == {"1": DAY, "3": DAY, "18": DAY}
+    meta = ModelRegistry(registry).record("gpuscale").metadata
+    assert meta["previous"] == 1
+    assert meta["backtest"]["score"] == "pinball_q0.99"  # the planner's base quantile
+    assert meta["backtest"]["served"]["value"] == second["served"]["value"]
+    assert meta["training_window"][1] < meta["backtest"]["window"][0]
+
+
+def test_a_worse_candidate_keeps_the_served_model(tmp_path: Path) -> None:
+    registry = tmp_path / "models"
+    busy = store_with(tmp_path / "busy", random_walk("2026-01-01", [(4, 10.0)], seed=3))
+    assert retrain(busy, registry)["stored_as"] == "gpuscale:1"
+
+    # Four calm days, then the busy regime returns in the window: a candidate fitted on
+    # the calm days under-covers it; the served model does not.
+    mixed = random_walk("2026-01-05", [(4, 1.0), (1, 10.0)], seed=4)
+    outcome = retrain(store_with(tmp_path / "mixed", mixed), registry)
+    assert not outcome["promoted"], outcome["reason"]
+    assert outcome["stored_as"] == "gpuscale.rejected:1"
+    assert outcome["candidate"]["value"] > outcome["served"]["value"]
+    reg = ModelRegistry(registry)
+    assert [r.version for r in reg.versions("gpuscale")] == [1]
+    assert reg.record("gpuscale.rejected").metadata["decision"]["promoted"] is False
+
+    listing = run("models", "list", "--registry", str(registry))
+    assert [(r["name"], r["version"], r["serving"]) for r in listing] == [
+        ("gpuscale", 1, True),
+        ("gpuscale.rejected", 1, False),
+    ]
+
+    # An operator overrides the gate, then thinks better of it.
+    promoted = run("models", "promote", "gpuscale.rejected:1", "--registry", str(registry))
+    assert promoted["serving"] == "gpuscale:2"
+    assert reg.record("gpuscale").metadata["copied_from"] == "gpuscale.rejected:1"
+    back = run("models", "rollback", "gpuscale", "--registry", str(registry))
+    assert back["serving"] == "gpuscale:3"
+    restored = reg.record("gpuscale", 3).metadata
+    assert restored["copied_from"] == "gpuscale:1"
+    assert restored["backtest"] == reg.record("gpuscale", 1).metadata["backtest"]
+    model_1, _ = reg.load("gpuscale", 1)
+    model_3, _ = reg.load("gpuscale", 3)
+    history = mixed.iloc[:300]
+    pd.testing.assert_frame_equal(
+        model_1.forecast(history, [1, 3], [0.99]).frame,
+        model_3.forecast(history, [1, 3], [0.99]).frame,
+    )
+    # Nothing was served before version 1: no further rollback.
+    result = CliRunner().invoke(
+        app, ["models", "rollback", "gpuscale", "--registry", str(registry)]
+    )
+    assert result.exit_code != 0
+
+    shown = CliRunner().invoke(app, ["models", "show", "gpuscale:2", "--registry", str(registry)])
+    assert shown.exit_code == 0
+    assert json.loads(shown.output)["decision"]["by"] == "promote"
+
+
+def test_retrain_needs_history_before_the_window(tmp_path: Path) -> None:
+    state = store_with(tmp_path / "short", random_walk("2026-01-01", [(1, 1.0)], seed=5))
+    result = CliRunner().invoke(
+        app,
+        [
+            "retrain",
+            "--state-dir",
+            str(state),
+            "--registry",
+            str(tmp_path / "m"),
+            "--backtest-steps",
+            str(2 * DAY),
+        ],
+    )
+    assert result.exit_code != 0
+    assert not (tmp_path / "m").exists() or not ModelRegistry(tmp_path / "m").names()
+
+
+class Outdated:
+    """Stands for an artifact that the current code can no longer run."""
+
+    name = "outdated"
+
+    def rolling(self, *args: object, **kwargs: object) -> None:
+        raise AttributeError("'ConformalBoost' object has no attribute 'gain'")
+
+
+def test_a_served_model_that_cannot_run_is_replaced(tmp_path: Path) -> None:
+    registry = ModelRegistry(tmp_path / "models")
+    registry.save("gpuscale", Outdated(), {"model": "outdated"})  # type: ignore[arg-type]
+    state = store_with(tmp_path / "state", random_walk("2026-01-01", [(3, 2.0)], seed=6))
+    outcome = retrain(state, registry.root)
+    assert outcome["promoted"] and outcome["stored_as"] == "gpuscale:2"
+    assert "could not be backtested (AttributeError" in outcome["reason"]
+    assert registry.record("gpuscale").metadata["previous"] == 1
