@@ -1,0 +1,57 @@
+"""Forecasting models by name: `build("gpuscale")` is the model the product deploys.
+
+- `gpuscale`: quantile boosting with online conformal upper quantiles and a shrunk median
+  (the default);
+- `lightgbm`: the same boosting, uncalibrated (plain direct quantile LightGBM);
+- `persistence`: every quantile is the last value;
+- `seasonal-naive`: the same time on the latest day at least h back, with empirical error
+  quantiles;
+- `empirical`: the last value plus empirical quantiles of training h-step changes (the
+  benchmark's baseline).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+from predictor.errors import InputError
+from predictor.forecast import Forecaster
+from predictor.models.baselines import EmpiricalChange, Persistence, SeasonalNaive
+from predictor.models.conformal import ConformalBoost
+from predictor.models.lgbm import BoostParams, QuantileBoost
+
+DEFAULT_MODEL = "gpuscale"
+
+_BUILDERS: dict[str, Callable[..., Forecaster]] = {
+    "gpuscale": ConformalBoost,
+    "lightgbm": QuantileBoost,
+    "persistence": Persistence,
+    "seasonal-naive": SeasonalNaive,
+    "empirical": EmpiricalChange,
+}
+MODEL_NAMES: tuple[str, ...] = tuple(_BUILDERS)
+
+
+def build(name: str, **params: object) -> Forecaster:
+    """A new, unfitted model. `params` are the model's keyword arguments (e.g. `horizons`)."""
+    try:
+        builder = _BUILDERS[name]
+    except KeyError:
+        raise InputError(f"unknown model {name!r} (known: {', '.join(MODEL_NAMES)})") from None
+    try:
+        return builder(**params)
+    except TypeError as exc:
+        raise InputError(f"model {name!r}: {exc}") from None
+
+
+__all__ = [
+    "DEFAULT_MODEL",
+    "MODEL_NAMES",
+    "BoostParams",
+    "ConformalBoost",
+    "EmpiricalChange",
+    "Persistence",
+    "QuantileBoost",
+    "SeasonalNaive",
+    "build",
+]

@@ -1,0 +1,208 @@
+"""The model the product deploys (`gpuscale`): quantile boosting, calibrated online.
+
+Upper quantiles: the boosted quantile of the scaled change, plus a shift learnt from the
+model's own recent out-of-sample errors on the same series and horizon (online split
+conformal): the shift for level a at anchor s is the a-quantile of the residuals
+z[j] - f_a(x_j) over the last `window` anchors j whose target j + h is at or before s.
+The boosting was trained without the last `holdout` of the history, so those residuals
+start out-of-sample, and the test period keeps feeding them as its targets become known.
+This keeps coverage near the nominal level when a series changes regime, which a model
+calibrated once on its training window cannot do.
+
+Median: persistence plus a shrunk correction, y[s] + lambda * scale * f_0.5(x), with lambda
+chosen at every anchor from a small grid on the same trailing residual window; lambda is 0
+(exactly persistence) unless a correction beat persistence there by `margin`. Demand is
+close to a random walk and a confident median that is wrong costs the scaler more than
+persistence does.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import numpy as np
+import pandas as pd
+
+from predictor.errors import InputError
+from predictor.models.direct import DirectForecaster, SeriesArrays
+from predictor.models.lgbm import BoostParams, QuantileBoost
+
+SHRINK_GRID: tuple[float, ...] = (0.0, 0.25, 0.5, 0.75, 1.0)
+
+
+def online_shift(
+    residuals: np.ndarray,
+    level: float,
+    horizon: int,
+    window: int,
+    minimum: int,
+    gain: float,
+    fallback: float,
+) -> np.ndarray:
+    """shift[i] for every anchor i of a span: the `level` quantile (higher order statistic)
+    of the finite residuals[i-h-window+1 .. i-h], whose targets are known at i, plus an
+    integral correction theta.
+
+    theta is online quantile tracking (the "I" of conformal PID control, Angelopoulos,
+    Candes and Tibshirani, 2023): when the target of anchor j = i - h becomes known at i,
+    theta -= gain * (covered_j - level). A residual quantile alone over-covers when the
+    residuals have atoms (demand in whole GPUs often does not move at all, so the quantile
+    sits on that atom whatever the level); the tracking brings the long-run coverage to
+    `level`, by small steps around the atom. With fewer than `minimum` residuals in the
+    window the shift is `fallback`.
+    """
+    n = residuals.size
+    rolled = pd.Series(residuals).rolling(window, min_periods=minimum)
+    base = rolled.quantile(level, interpolation="higher").to_numpy()
+    shift = np.full(n, fallback)
+    theta = 0.0
+    for i in range(horizon, n):
+        j = i - horizon
+        if not np.isfinite(base[j]):
+            continue
+        if np.isfinite(residuals[j]):
+            theta -= gain * (float(residuals[j] <= shift[j]) - level)
+        shift[i] = base[j] + theta
+    return shift
+
+
+def shrink_choice(
+    target: np.ndarray, correction: np.ndarray, margin: float, minimum: int
+) -> np.ndarray:
+    """lambda[i] from SHRINK_GRID minimising the squared error of lambda * correction
+    against target over positions <= i (all of them: a median correction must prove itself
+    on a long record); 0 unless it beats lambda = 0 by `margin` (relative), and 0 where
+    fewer than `minimum` finite targets are known."""
+    known = np.isfinite(target) & np.isfinite(correction)
+    count = np.cumsum(known)
+    sums_arr = np.stack(
+        [np.cumsum(np.where(known, (target - lam * correction) ** 2, 0.0)) for lam in SHRINK_GRID],
+        axis=1,
+    )
+    best = np.argmin(sums_arr, axis=1)
+    gain = sums_arr[np.arange(best.size), best] < (1.0 - margin) * sums_arr[:, 0]
+    lam = np.where(gain & (count >= minimum), np.asarray(SHRINK_GRID)[best], 0.0)
+    return lam
+
+
+class ConformalBoost(DirectForecaster):
+    """`QuantileBoost` with online conformal upper quantiles and a shrunk median."""
+
+    name = "gpuscale"
+
+    def __init__(
+        self,
+        horizons: Sequence[int] = (1, 2, 3, 6, 12, 18, 36, 72),
+        levels: Sequence[float] = (0.5, 0.9, 0.99),
+        *,
+        holdout: float = 0.25,
+        window: int = 2016,
+        min_residuals: int = 50,
+        margin: float = 0.05,
+        gain: float = 0.02,
+        params: BoostParams | None = None,
+    ) -> None:
+        if not 0.0 < holdout < 1.0:
+            raise InputError(f"holdout must be in (0, 1), got {holdout}")
+        if window < 2 or min_residuals < 1 or min_residuals > window:
+            raise InputError("window must be >= 2 and min_residuals in [1, window]")
+        self.core = QuantileBoost(horizons, levels, holdout=holdout, params=params)
+        self.window = window
+        self.min_residuals = min_residuals
+        self.margin = margin
+        self.gain = gain
+        self._fallback: dict[int, np.ndarray] = {}
+
+    @property
+    def horizons(self) -> tuple[int, ...]:
+        return self.core.horizons
+
+    @property
+    def features(self) -> list[str]:
+        return self.core.features
+
+    @property
+    def training_window(self) -> tuple[pd.Timestamp, pd.Timestamp] | None:
+        return self.core.training_window
+
+    def settings(self) -> dict[str, object]:
+        return {
+            **self.core.settings(),
+            "window": self.window,
+            "min_residuals": self.min_residuals,
+            "margin": self.margin,
+            "gain": self.gain,
+        }
+
+    def _fit(self, series: list[SeriesArrays]) -> None:
+        self.core._fit(series)
+        # Shifts for a series with no residual history yet: the pooled held-out residuals.
+        for h in self.core.horizons:
+            pooled = []
+            for s in series:
+                cut = s.index_of(self.core.calibration_from[s.unique_id])
+                anchors = np.arange(cut, s.size - h)
+                if anchors.size:
+                    pooled.append(self._residuals(s, anchors, h, self.core.levels))
+            stacked = np.concatenate(pooled) if pooled else np.zeros((0, self.core.levels.size))
+            fallback = np.zeros(self.core.levels.size)
+            for j, q in enumerate(self.core.levels):
+                col = stacked[:, j][np.isfinite(stacked[:, j])]
+                fallback[j] = np.quantile(col, q, method="higher") if col.size else 0.0
+            self._fallback[h] = fallback
+
+    def _residuals(
+        self, s: SeriesArrays, anchors: np.ndarray, h: int, levels: np.ndarray
+    ) -> np.ndarray:
+        scale = self.core.unit(s)[anchors]
+        z = (s.y[anchors + h] - s.y[anchors]) / scale
+        z[~(s.observed[anchors + h] & s.observed[anchors])] = np.nan
+        return z[:, None] - self.core.offsets(s, anchors, h, levels)
+
+    def _fallback_shift(self, h: int, levels: np.ndarray) -> np.ndarray:
+        trained = np.array(self.core.horizons)
+        nearest = int(trained[np.argmin(np.abs(np.sqrt(trained) - np.sqrt(h)))])
+        base = self._fallback[nearest] * np.sqrt(h / nearest)
+        return np.interp(levels, self.core.levels, base)
+
+    def _quantiles(
+        self, s: SeriesArrays, anchors: np.ndarray, horizon: int, levels: np.ndarray
+    ) -> np.ndarray:
+        h = horizon
+        # A series the model was not fitted on is out-of-sample from its first step.
+        cal = (
+            s.index_of(self.core.calibration_from[s.unique_id])
+            if s.unique_id in (self.core.calibration_from)
+            else 0
+        )
+        # The span starts where calibration starts (or earlier, at the first anchor asked
+        # for), so the online state at an anchor never depends on which anchors were asked.
+        first = min(cal, int(anchors[0]))
+        span = np.arange(first, int(anchors[-1]) + 1)
+        scale = self.core.unit(s)[span]
+        offsets = self.core.offsets(s, span, h, levels)
+        # Realised scaled change of every anchor in the span whose target is known (inside
+        # the span's own data: position j + h <= last anchor asked for) and out-of-sample.
+        z = np.full(span.size, np.nan)
+        known = (span + h <= anchors[-1]) & (span >= cal)
+        idx = span[known]
+        ok = s.observed[idx] & s.observed[idx + h]
+        z_known = (s.y[idx + h] - s.y[idx]) / scale[known]
+        z[np.flatnonzero(known)] = np.where(ok, z_known, np.nan)
+
+        pos = anchors - first
+        out = np.empty((anchors.size, levels.size))
+        fallback = self._fallback_shift(h, levels)
+        for j, q in enumerate(levels):
+            if q == 0.5:
+                lam = shrink_choice(z, offsets[:, j], self.margin, self.min_residuals)
+                # lambda at anchor i is chosen from targets known by then (anchors <= i - h)
+                lam_at = np.concatenate([np.zeros(h), lam[:-h]])[: span.size] if h else lam
+                out[:, j] = lam_at[pos] * offsets[pos, j]
+                continue
+            residuals = z - offsets[:, j]
+            shift = online_shift(
+                residuals, q, h, self.window, self.min_residuals, self.gain, fallback[j]
+            )
+            out[:, j] = offsets[pos, j] + shift[pos]
+        return s.y[anchors, None] + scale[pos, None] * out

@@ -1,0 +1,169 @@
+"""The machinery every model shares: a long table becomes complete per-series arrays, and a
+model only answers "quantiles of the step `horizon` after each of these anchors".
+
+`rolling` and `forecast` of the `Forecaster` protocol are both that one question (every
+anchor from `start - horizon` on, or only the last step), so a model cannot answer them
+differently and cannot see past its anchor unless its `_quantiles` reads past it, which the
+leakage tests check.
+"""
+
+from __future__ import annotations
+
+from abc import ABC, abstractmethod
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+import numpy as np
+import pandas as pd
+
+from predictor.errors import InputError
+from predictor.forecast import DemandForecast, quantile_column
+from predictor.series import STEP, regularize
+
+
+@dataclass(frozen=True, eq=False)
+class SeriesArrays:
+    """One series on a complete regular grid. `observed[i]` is False where step i had no
+    observation and was filled forward (never a training target nor a scored step)."""
+
+    unique_id: str
+    frame: pd.DataFrame  # ds, y and any exogenous columns, one row per step
+    ds: np.ndarray  # datetime64[ns]
+    y: np.ndarray
+    observed: np.ndarray
+    step: pd.Timedelta
+
+    @property
+    def size(self) -> int:
+        return self.y.size
+
+    def index_of(self, moment: pd.Timestamp) -> int:
+        """Position of the first step at or after `moment`."""
+        return int(np.searchsorted(self.ds, np.datetime64(pd.Timestamp(moment)), side="left"))
+
+
+def infer_step(frame: pd.DataFrame) -> pd.Timedelta:
+    """The grid step of a long table: its smallest positive gap (10 minutes when unknown)."""
+    gaps = frame.groupby("unique_id", sort=False)["ds"].diff().dropna()
+    gaps = gaps[gaps > pd.Timedelta(0)]
+    return pd.Timedelta(gaps.min()) if len(gaps) else STEP
+
+
+def split_series(history: pd.DataFrame) -> list[SeriesArrays]:
+    """Check a long table and cut it into complete per-series arrays."""
+    missing = {"unique_id", "ds", "y"} - set(history.columns)
+    if missing:
+        raise InputError(f"history lacks the column(s) {', '.join(sorted(missing))}")
+    if history.empty:
+        raise InputError("history has no rows")
+    frame = history.sort_values(["unique_id", "ds"], kind="stable")
+    frame = frame.drop(columns=[c for c in ("filled",) if c in frame]).reset_index(drop=True)
+    step = infer_step(frame)
+    off_grid = (frame["ds"] - frame["ds"].dt.floor(step)) != pd.Timedelta(0)
+    if off_grid.any():
+        raise InputError(
+            f"history is not on a regular grid of {step} (first stray step "
+            f"{frame['ds'][off_grid].iloc[0]}); resample it first (series.resample)"
+        )
+    full = regularize(frame, step, fill="ffill")
+    out = []
+    for uid, group in full.groupby("unique_id", sort=True):
+        group = group.reset_index(drop=True)
+        if group["y"].isna().all():
+            raise InputError(f"series {uid!r} has no demand values")
+        y = group["y"].to_numpy(dtype=float)
+        observed = ~group["filled"].to_numpy(dtype=bool) & np.isfinite(y)
+        y = pd.Series(y).ffill().bfill().to_numpy()
+        out.append(
+            SeriesArrays(
+                unique_id=str(uid),
+                frame=group.drop(columns="filled"),
+                ds=group["ds"].to_numpy(dtype="datetime64[ns]"),
+                y=y,
+                observed=observed,
+                step=step,
+            )
+        )
+    return out
+
+
+def check_request(horizons: Sequence[int], quantiles: Sequence[float]) -> None:
+    if not horizons or any(int(h) != h or h < 1 for h in horizons):
+        raise InputError(f"horizons must be whole steps >= 1, got {list(horizons)}")
+    if not quantiles or any(not 0.0 < q < 1.0 for q in quantiles):
+        raise InputError(f"quantiles must lie strictly between 0 and 1, got {list(quantiles)}")
+
+
+class DirectForecaster(ABC):
+    """A model that forecasts each horizon directly from its anchor step."""
+
+    name: str = "direct"
+
+    def fit(self, history: pd.DataFrame) -> DirectForecaster:
+        self._fit(split_series(history))
+        return self
+
+    @abstractmethod
+    def _fit(self, series: list[SeriesArrays]) -> None: ...
+
+    @abstractmethod
+    def _quantiles(
+        self, s: SeriesArrays, anchors: np.ndarray, horizon: int, levels: np.ndarray
+    ) -> np.ndarray:
+        """Array [anchor, level] of forecasts of y[anchor + horizon], from rows <= anchor
+        (anchors are ascending; `levels` ascending)."""
+
+    def rolling(
+        self,
+        history: pd.DataFrame,
+        horizon: int,
+        start: pd.Timestamp,
+        quantiles: Sequence[float],
+    ) -> DemandForecast:
+        check_request([horizon], quantiles)
+        parts = []
+        for s in split_series(history):
+            first = max(s.index_of(start), horizon)
+            if first >= s.size:
+                continue
+            anchors = np.arange(first - horizon, s.size - horizon)
+            targets = s.ds[anchors + horizon]
+            parts.append(self._frame(s, anchors, targets, horizon, quantiles))
+        return _collect(parts, quantiles)
+
+    def forecast(
+        self, history: pd.DataFrame, horizons: Sequence[int], quantiles: Sequence[float]
+    ) -> DemandForecast:
+        check_request(horizons, quantiles)
+        parts = []
+        for s in split_series(history):
+            last = np.array([s.size - 1])
+            for h in sorted({int(h) for h in horizons}):
+                target = s.ds[last] + np.timedelta64(h * s.step)
+                parts.append(self._frame(s, last, target, h, quantiles))
+        return _collect(parts, quantiles)
+
+    def _frame(
+        self,
+        s: SeriesArrays,
+        anchors: np.ndarray,
+        targets: np.ndarray,
+        horizon: int,
+        quantiles: Sequence[float],
+    ) -> pd.DataFrame:
+        levels = np.array(sorted(set(quantiles)), dtype=float)
+        values = self._quantiles(s, anchors, horizon, levels)
+        # Quantiles never cross: sorting each row keeps every level's marginal calibration
+        # at least as good (a known property of monotone rearrangement).
+        values = np.sort(values, axis=1)
+        frame = pd.DataFrame({"unique_id": s.unique_id, "ds": targets, "horizon": horizon})
+        for j, q in enumerate(levels):
+            frame[quantile_column(q)] = values[:, j]
+        return frame
+
+
+def _collect(parts: list[pd.DataFrame], quantiles: Sequence[float]) -> DemandForecast:
+    levels = tuple(sorted(set(quantiles)))
+    columns = ["unique_id", "ds", "horizon", *(quantile_column(q) for q in levels)]
+    frame = pd.concat(parts, ignore_index=True) if parts else pd.DataFrame(columns=columns)
+    return DemandForecast(frame=frame[columns], quantiles=levels)
