@@ -71,10 +71,12 @@ def train_command(
     from rich.console import Console
     from rich.progress import Progress
 
+    from predictor.models import build
     from predictor.registry import ModelRegistry, check_name
     from predictor.training import load_sources, train_and_register
 
     target = check_name(name or model)
+    build(model)  # an unknown model fails before any work (and before the progress bar)
     sources = load_sources(traces or [], state_dir, split)
     console = Console(stderr=True)
     with Progress(console=console, transient=True) as progress:

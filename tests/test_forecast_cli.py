@@ -1,0 +1,101 @@
+"""`gpuscale train`, `forecast` and `bench forecast` end to end on a slice of a real trace."""
+
+from __future__ import annotations
+
+import gzip
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pandas as pd
+import pytest
+from typer.testing import CliRunner
+
+from scaler.cli import app
+
+REPO = Path(__file__).resolve().parents[1]
+runner = CliRunner()
+
+
+def gpuscale(*args: str) -> subprocess.CompletedProcess[str]:
+    """The real console entry point (with its InputError -> exit 2 handling)."""
+    return subprocess.run(
+        [sys.executable, "-m", "scaler", *args], capture_output=True, text=True, cwd=REPO
+    )
+
+
+@pytest.fixture(scope="module")
+def vc_slice(traces_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """The first five days of a Helios VC, in the Helios file format (in a temp dir)."""
+    frame = pd.read_csv(traces_dir / "helios-earth" / "vcTJs.csv.gz", nrows=5 * 1440)
+    path = tmp_path_factory.mktemp("trace") / "vcTJs.csv.gz"
+    with gzip.open(path, "wt") as handle:
+        frame.to_csv(handle, index=False)
+    return path
+
+
+def test_train_then_forecast_with_table_json_and_picture(vc_slice: Path, tmp_path: Path) -> None:
+    registry = tmp_path / "models"
+    spec = f"helios-vc:{vc_slice}"
+    result = runner.invoke(app, ["train", "--trace", spec, "--registry", str(registry), "--json"])
+    assert result.exit_code == 0, result.output
+    meta = json.loads(result.output)
+    assert (meta["name"], meta["version"], meta["model"]) == ("gpuscale", 1, "gpuscale")
+    assert meta["series"] == ["vcTJs"] and meta["quantiles"] == [0.5, 0.9, 0.99]
+    assert {r["horizon_min"] for r in meta["backtest"]["rows"]} == {10, 30, 180}
+    assert "running_headroom" in meta["features"] and "lightgbm" in meta["libraries"]
+
+    plot = tmp_path / "out" / "forecast.png"
+    result = runner.invoke(
+        app,
+        ["forecast", "--model", "gpuscale:1", "--trace", spec, "--registry", str(registry),
+         "--horizon", "1", "--horizon", "6", "--json", "--plot", str(plot)],
+    )  # fmt: skip
+    assert result.exit_code == 0, result.output
+    out = json.loads(result.output)
+    assert out["version"] == 1
+    assert [(f["series"], f["horizon"]) for f in out["forecasts"]] == [("vcTJs", 1), ("vcTJs", 6)]
+    for f in out["forecasts"]:
+        assert f["q0.5"] <= f["q0.9"] <= f["q0.99"]
+    assert plot.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    assert sorted(p.name for p in plot.parent.iterdir()) == ["forecast.png"]
+
+    table = runner.invoke(app, ["forecast", "--trace", spec, "--registry", str(registry)])
+    assert table.exit_code == 0 and "vcTJs" in table.output
+
+
+def test_bench_forecast_writes_the_contract_rows(vc_slice: Path, tmp_path: Path) -> None:
+    out = tmp_path / "fc.json"
+    result = runner.invoke(
+        app,
+        ["bench", "forecast", "--trace", f"helios-vc:{vc_slice}", "--split", "2020-05-04",
+         "--models", "gpuscale", "--models", "persistence", "--models", "empirical",
+         "--json", str(out)],
+    )  # fmt: skip
+    assert result.exit_code == 0, result.output
+    document = json.loads(out.read_text())
+    assert document["suite"] == "forecast"
+    assert len(document["rows"]) == 3 * 3
+    assert {r["model"] for r in document["rows"]} == {"gpuscale", "persistence", "empirical"}
+    assert [s["horizon_min"] for s in document["summary"]] == [10, 30, 180]
+    assert "against the targets" in result.output
+
+
+def test_bad_input_exits_2_and_writes_nothing(vc_slice: Path, tmp_path: Path) -> None:
+    registry = tmp_path / "models"
+    cases = [
+        ["train", "--trace", f"helios-vc:{tmp_path / 'missing.csv'}"],
+        ["train", "--trace", "nonsense"],
+        ["train", "--trace", f"helios-vc:{vc_slice}", "--model", "prophet"],
+        ["train", "--trace", f"helios-vc:{vc_slice}", "--state-dir", str(tmp_path)],
+        ["train", "--state-dir", str(tmp_path / "nostore")],
+        ["train", "--trace", f"helios-vc:{vc_slice}", "--name", "../x"],
+        ["forecast", "--model", "gpuscale", "--trace", f"helios-vc:{vc_slice}"],
+    ]
+    for args in cases:
+        done = gpuscale(*args, "--registry", str(registry))
+        assert done.returncode == 2, (args, done.stderr)
+        assert done.stderr.startswith("error: ") and done.stderr.count("\n") == 1, done.stderr
+    assert not registry.exists()
+    assert not (tmp_path / "nostore").exists()

@@ -1,0 +1,83 @@
+"""The model registry: round trip, versions, metadata, and nothing half-written."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+import pytest
+
+from predictor.errors import InputError
+from predictor.loaders import load_trace
+from predictor.models import BoostParams, build
+from predictor.registry import ModelRegistry, parse_reference
+
+
+@pytest.fixture(scope="module")
+def history(traces_dir: Path) -> pd.DataFrame:
+    trace = load_trace(f"helios-vc:{traces_dir / 'helios-earth' / 'vcMod.csv.gz'}").resampled()
+    return trace.frame[trace.frame["ds"] < pd.Timestamp("2020-05-06")]
+
+
+def test_round_trip_gives_the_same_forecasts(tmp_path: Path, history: pd.DataFrame) -> None:
+    model = build("gpuscale", horizons=(1, 3), params=BoostParams(n_estimators=20)).fit(
+        history[history["ds"] < pd.Timestamp("2020-05-05")]
+    )
+    registry = ModelRegistry(tmp_path / "models")
+    first = registry.save("gpuscale", model, {"model": "gpuscale", "horizons": [1, 3]})
+    second = registry.save("gpuscale", model, {"model": "gpuscale"})
+    assert (first.version, second.version) == (1, 2)
+    assert [r.version for r in registry.versions("gpuscale")] == [1, 2]
+    assert registry.names() == ["gpuscale"]
+
+    loaded, record = registry.load("gpuscale")  # latest by default
+    assert record.version == 2
+    again, _ = registry.load("gpuscale", 1)
+    start = pd.Timestamp("2020-05-05")
+    expected = model.rolling(history, 3, start, (0.5, 0.9, 0.99)).frame
+    for other in (loaded, again):
+        got = other.rolling(history, 3, start, (0.5, 0.9, 0.99)).frame
+        pd.testing.assert_frame_equal(got, expected)
+
+    meta = json.loads((first.path / "metadata.json").read_text())
+    assert meta["name"] == "gpuscale" and meta["version"] == 1 and meta["horizons"] == [1, 3]
+    assert set(meta["libraries"]) >= {"python", "lightgbm", "pandas", "numpy", "gpuscale"}
+    assert meta["artifact"]["format"] == "pickle" and len(meta["artifact"]["sha256"]) == 64
+    # no staging folders left behind
+    assert sorted(p.name for p in (tmp_path / "models" / "gpuscale").iterdir()) == ["1", "2"]
+
+
+def test_damaged_artifacts_and_bad_names_are_refused(tmp_path: Path, history: pd.DataFrame) -> None:
+    registry = ModelRegistry(tmp_path)
+    record = registry.save("persistence", build("persistence").fit(history), {})
+    artifact = record.path / "model.pkl"
+    artifact.write_bytes(artifact.read_bytes()[:-3])
+    with pytest.raises(InputError, match="checksum"):
+        registry.load("persistence")
+    with pytest.raises(InputError, match="no version 7"):
+        registry.load("persistence", 7)
+    with pytest.raises(InputError, match="no model named"):
+        registry.load("missing")
+    for bad in ("../escape", "", "a b", ".hidden"):
+        with pytest.raises(InputError):
+            registry.save(bad, build("persistence"), {})
+    assert parse_reference("gpuscale:3") == ("gpuscale", 3)
+    assert parse_reference("gpuscale") == ("gpuscale", None)
+    with pytest.raises(InputError):
+        parse_reference("gpuscale:latest")
+
+
+def test_a_half_written_version_is_invisible(tmp_path: Path, history: pd.DataFrame) -> None:
+    """A crash between staging and rename leaves a .tmp- folder that no reader lists."""
+    registry = ModelRegistry(tmp_path)
+    registry.save("persistence", build("persistence").fit(history), {})
+    staging = tmp_path / "persistence" / ".tmp-crashed"
+    staging.mkdir()
+    (staging / "model.pkl").write_bytes(b"partial")
+    assert [r.version for r in registry.versions("persistence")] == [1]
+    model, _ = registry.load("persistence")
+    out = model.forecast(history, [1], (0.5,)).frame
+    assert np.isfinite(out["q0.5"]).all()
+    assert registry.save("persistence", model, {}).version == 2
