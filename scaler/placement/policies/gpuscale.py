@@ -23,11 +23,12 @@ Near-ties (within `TOLERANCE` thousandths of a GPU) go to the first node in a se
 order, which packs instead of scattering. Both terms are node-local, so scores are cached
 per job shape and node version like FGD's, and a decision costs a few node evaluations.
 
-Measured (seed 42, 130% arrival, allocated share of GPUs): default 95.98 vs FGD 95.56
-here and 95.39 published; gpushare60 91.83 vs 91.43 (91.40); multigpu30 96.88 (96.46);
-all ten pod lists at or above published FGD, +0.67 points on average. Dropping the
-stranding term (exact FGD delta alone) gives 92.3 on default: FGD's integer score and
-first-in-order ties are part of why FGD works, and the stranding term is what beats it.
+Measured with `gpuscale bench placement` (all ten openb pod lists, seeds 42-51, 130%
+arrival, mean allocated share of GPUs): at or above the published FGD number on every
+list, by +0.38 (gpushare40) to +1.11 (gpuspec20) points, +0.69 on average; default 95.94
+vs 95.39 published and 95.40 for our FGD. Dropping the stranding term (exact FGD delta
+alone) gives 92.3 on default: FGD's integer score and first-in-order ties are part of why
+FGD works, and the stranding term is what beats it.
 """
 
 from __future__ import annotations
