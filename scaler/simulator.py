@@ -469,6 +469,8 @@ def compare_on_workload(
     policy = policy or PlannerPolicy(mode="predictive")
     begin = start - warmup
     stepped = regularize(resample(demand, STEP), fill="ffill").drop(columns="filled")
+    if not (stepped["ds"] < begin).any():
+        raise InputError(f"no demand before {begin} to fit the model on (warm-up {warmup})")
     model = forecaster.fit(stepped[stepped["ds"] < begin])
     lead = max(p.boot_steps(STEP.total_seconds()) for p in pools)
     outlooks: dict[str, np.ndarray] = {}

@@ -176,3 +176,50 @@ def test_no_decision_reads_demand_at_or_after_its_step(traces_dir: Path) -> None
     n = cut - item.series.start
     assert np.array_equal(base.paid[: n + 1], after.paid[: n + 1])
     assert not np.array_equal(base.paid, after.paid)
+
+
+def test_gpuscale_bench_scaling_writes_the_row_contract(traces_dir: Path, tmp_path: Path) -> None:
+    import json
+
+    from typer.testing import CliRunner
+
+    from scaler.cli import app
+
+    out = tmp_path / "scaling.json"
+    args = [
+        "bench", "scaling",
+        "--trace", f"helios-vc:{traces_dir / 'helios-earth' / 'vcTJs.csv.gz'}",
+        "--split", "2020-05-30", "--lag", "0", "--lag", "1",
+        "--model", "empirical", "--target-shortage", "0.05", "--json", str(out),
+    ]  # fmt: skip
+    result = CliRunner().invoke(app, args)
+    assert result.exit_code == 0, result.output
+    document = json.loads(out.read_text())
+    assert document["suite"] == "scaling"
+    fields = {
+        "trace", "series", "lag_steps", "policy", "provisioning_ratio", "shortage_events",
+        "shortage_node_steps", "scale_actions_per_day", "replay_seconds",
+    }  # fmt: skip
+    assert all(fields <= row.keys() for row in document["rows"])
+    assert sorted((r["policy"], r["lag_steps"]) for r in document["rows"]) == sorted(
+        (p, lag) for p in ("static", "reactive", "ces", "oracle", "predictive") for lag in (0, 1)
+    )
+    assert {s["lag_steps"] for s in document["summary"]} == {0, 1}
+
+
+def test_gpuscale_simulate_draws_the_fleet_and_the_frontier(
+    traces_dir: Path, tmp_path: Path
+) -> None:
+    from typer.testing import CliRunner
+
+    from scaler.cli import app
+
+    args = [
+        "simulate", "--trace", f"helios-vc:{traces_dir / 'helios-earth' / 'vcMod.csv.gz'}",
+        "--split", "2020-05-30", "--model", "empirical", "--knob", "0.01", "--knob", "0.1",
+        "--out", str(tmp_path),
+    ]  # fmt: skip
+    result = CliRunner().invoke(app, args)
+    assert result.exit_code == 0, result.output
+    for name in ("fleet.png", "frontier.png", "summary.json"):
+        assert (tmp_path / name).stat().st_size > 1000

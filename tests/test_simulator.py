@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import dataclasses
+from pathlib import Path
 
 import numpy as np
 import pandas as pd
@@ -128,3 +129,28 @@ def test_predictive_cuts_waiting_on_the_synthetic_workload() -> None:
     assert reactive["gpu_hours"] > 0 and predictive["gpu_hours"] > 0
     assert np.all(comparison.predictive.waits >= 0)
     assert set(comparison.predictive.fleet["pool"]) == {p.name for p in pools}
+
+
+def test_gpuscale_simulate_synthetic_compares_the_modes(tmp_path: Path) -> None:
+    import json
+
+    from typer.testing import CliRunner
+
+    from scaler.cli import app
+
+    args = [
+        "simulate",
+        "--synthetic",
+        "--days",
+        "3",
+        "--model",
+        "empirical",
+        "--out",
+        str(tmp_path),
+    ]
+    result = CliRunner().invoke(app, [*args, "--json"])
+    assert result.exit_code == 0, result.output
+    summary = json.loads(result.output)
+    assert [row["mode"] for row in summary["rows"]] == ["reactive", "predictive"]
+    assert (tmp_path / "jobs.png").stat().st_size > 1000
+    assert json.loads((tmp_path / "summary.json").read_text())["rows"] == summary["rows"]

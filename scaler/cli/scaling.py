@@ -21,7 +21,7 @@ if TYPE_CHECKING:
 DEFAULT_MODEL = "gpuscale"
 # Job level, the planner pre-positions per 10-minute step and a minute-level reactive floor
 # adds nodes the moment jobs wait, so the per-step bound can be looser than in a replay.
-JOB_LEVEL_TARGET_SHORTAGE = 0.3
+JOB_LEVEL_TARGET_SHORTAGE = 0.5
 
 
 def register(app: typer.Typer, bench: typer.Typer) -> None:
@@ -535,7 +535,9 @@ SIMULATE_COLUMNS = {  # row field -> column label
 
 
 def _cell(value: object) -> str:
-    return f"{value:.4g}" if isinstance(value, float) else str(value)
+    if isinstance(value, float):
+        return f"{value:,.0f}" if abs(value) >= 1000 else f"{value:.4g}"
+    return str(value)
 
 
 def _simulate_trace(
@@ -594,14 +596,16 @@ def _simulate_jobs(
     from predictor.synthetic import generate, load_config
     from scaler.pools import NodePool
     from scaler.scaling_plots import jobs_plot
-    from scaler.simulator import compare_on_workload
+    from scaler.simulator import WARMUP, compare_on_workload
 
     generated = generate(load_config(workload), seed=seed, days=days)
     pools = [
         NodePool(**{**dataclasses.asdict(p), "boot_seconds": boot_minutes * 60})
         for p in generated.pools
     ]
-    start = generated.start + (generated.end - generated.start) / 2
+    # The first half fits the model (less the warm-up), the second half is scored.
+    half = (generated.end - generated.start) / 2
+    start = generated.start + half
     comparison = compare_on_workload(
         generated.jobs,
         generated.demand,
@@ -609,6 +613,7 @@ def _simulate_jobs(
         _model_factory(model)(),
         start=start,
         end=generated.end,
+        warmup=min(WARMUP, half / 2),
         policy=policy,
     )
     rows = comparison.rows()
