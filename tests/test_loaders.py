@@ -224,8 +224,10 @@ def test_bad_specs_and_files(tmp_path: Path) -> None:
 
 def test_bad_openb(tmp_path: Path) -> None:
     header = "name,cpu_milli,memory_mib,num_gpu,gpu_milli\n"
+    # Larger than any node is the cluster's verdict (a failed pod), not malformed input.
+    big = load_openb_pods(write(tmp_path / "big.csv", [header, "p0,1000,1024,9,1000\n"]))
+    assert big["num_gpu"].tolist() == [9]
     for row, column, words in [
-        ("p1,1000,1024,9,1000\n", "num_gpu", "maximum"),
         ("p1,1000,1024,1,1001\n", "gpu_milli", "maximum"),
         ("p1,1000,1024,2,500\n", "gpu_milli", "whole GPUs"),
         ("p1,-1,1024,0,0\n", "cpu_milli", "minimum"),

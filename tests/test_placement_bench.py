@@ -106,15 +106,16 @@ def test_fragmentation_aware_policies_beat_random_on_the_slice(tables) -> None:
 def test_pods_the_cluster_can_never_run_fail_with_their_reason(tables) -> None:
     nodes, pods = tables
     small = nodes[nodes["gpu"] <= 4].reset_index(drop=True)
-    extra = pods.head(2).copy()
-    extra["name"] = ["needs-8-gpus", "needs-h100"]
-    extra["num_gpu"] = [8, 1]
-    extra["gpu_milli"] = [1000, 500]
-    extra["gpu_spec"] = ["", "H100"]
+    extra = pods.head(3).copy()
+    extra["name"] = ["needs-8-gpus", "needs-h100", "needs-9-gpus"]
+    extra["num_gpu"] = [8, 1, 9]
+    extra["gpu_milli"] = [1000, 500, 1000]
+    extra["gpu_spec"] = ["", "H100", ""]
     with_bad = pd.concat([extra, pods.head(20)], ignore_index=True)
     result = run_experiment(small, with_bad, Experiment("bad", "gpuscale", 42))
     assert result.failures["asks 8 GPUs but the largest allowed node has 4"] >= 1
     assert result.failures["no node has GPU model H100"] >= 1
+    assert result.failures["asks 9 GPUs but the largest allowed node has 4"] >= 1
     assert result.failed_pods == sum(result.failures.values())
 
 

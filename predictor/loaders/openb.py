@@ -13,7 +13,6 @@ import pandas as pd
 
 from predictor.loaders.csvfile import read_table
 
-MAX_GPUS_PER_POD = 8
 WHOLE_GPU_MILLI = 1000
 POD_TIMES = ("creation_time", "deletion_time", "scheduled_time")
 
@@ -43,8 +42,10 @@ def load_openb_nodes(path: str | Path) -> pd.DataFrame:
 
 
 def load_openb_pods(path: str | Path) -> pd.DataFrame:
-    """Columns `name` (str, unique), `cpu_milli`, `memory_mib`, `num_gpu` (0..8),
-    `gpu_milli` (0..1000) as int64, `gpu_spec` (str, models separated by `|`, "" = any),
+    """Columns `name` (str, unique), `cpu_milli`, `memory_mib`, `num_gpu` (>= 0; no node
+    size is assumed here: a pod larger than every node fails at placement, as the benchmark
+    protocol counts it), `gpu_milli` (0..1000) as int64, `gpu_spec` (str, models separated
+    by `|`, "" = any),
     `qos` and `pod_phase` (str, "" when absent), and `creation_time`, `deletion_time`,
     `scheduled_time` (float seconds, NaN when absent or empty)."""
     table = read_table(
@@ -56,7 +57,7 @@ def load_openb_pods(path: str | Path) -> pd.DataFrame:
     present = table.frame.columns
     name = table.text("name")
     table.check_unique(name, "name")
-    num_gpu = table.numbers("num_gpu", integer=True, maximum=MAX_GPUS_PER_POD)
+    num_gpu = table.numbers("num_gpu", integer=True)
     gpu_milli = table.numbers("gpu_milli", integer=True, maximum=WHOLE_GPU_MILLI)
     rules = (
         ((num_gpu == 0) & (gpu_milli != 0), "a pod without GPUs must ask gpu_milli 0"),
