@@ -17,7 +17,7 @@ from __future__ import annotations
 import math
 import time
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Protocol
 
 import numpy as np
@@ -208,8 +208,8 @@ class CesPolicy:
     future_threshold: float = 0.0
     decrease_threshold: int = 1
     name: str = "ces"
-    _started: bool = False
-    _stable_until: int = -1
+    _started: bool = field(default=False, init=False)
+    _stable_until: int = field(default=-1, init=False)
 
     def target(self, t: int, ready: int, booting: int) -> int:
         last = float(self.demand[t - 1])
@@ -249,7 +249,7 @@ class PlannerPolicyRun:
     at: Sequence[object]  # datetime per step
     levels: tuple[float, ...] = ()
     outlook: np.ndarray | None = None  # [t, k-1, j]: quantile j of demand at t-1+k
-    memory: PlannerMemory | None = None
+    memory: PlannerMemory | None = field(default=None, init=False)
 
     def target(self, t: int, ready: int, booting: int) -> int:
         values = self.outlook[t] if self.outlook is not None else np.empty((0, 0))

@@ -215,9 +215,8 @@ def simulate_jobs(
             )
             step_memory = decided.memory
             actions += _apply(decided.desired, groups, nodes, idle_since, minute)
-            step_peak = {p.name: observed[p.name] for p in pools}
-        elif minute % STEP_MINUTES == 0:
-            step_peak = {p.name: observed[p.name] for p in pools}
+        if minute % STEP_MINUTES == 0:  # a new step: its peak starts from this minute
+            step_peak = dict(observed)
 
         outlook = [
             DemandOutlook(p.name, observed[p.name], gpu_models=frozenset({p.gpu_model}))
