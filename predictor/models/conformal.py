@@ -1,18 +1,20 @@
 """The model the product deploys (`gpuscale`): quantile boosting, calibrated online.
 
-Upper quantiles: the boosted quantile of the scaled change, plus a shift learnt from the
-model's own recent out-of-sample errors on the same series and horizon (online split
-conformal): the shift for level a at anchor s is the a-quantile of the residuals
-z[j] - f_a(x_j) over the last `window` anchors j whose target j + h is at or before s.
-The boosting was trained without the last `holdout` of the history, so those residuals
-start out-of-sample, and the test period keeps feeding them as its targets become known.
-This keeps coverage near the nominal level when a series changes regime, which a model
-calibrated once on its training window cannot do.
+Two boosted models of the scaled h-step change (see `lgbm.QuantileBoost`): one trained
+without the last `holdout` of the history, whose errors on that holdout are genuinely
+out-of-sample, and (with `refit`) one trained on all of it, which forecasts every step
+after the history it was fitted on: the most recent days are the most informative ones.
 
-Median: persistence plus a shrunk correction, y[s] + lambda * scale * f_0.5(x), with lambda
-chosen at every anchor from a small grid on the same trailing residual window; lambda is 0
-(exactly persistence) unless a correction beat persistence there by `margin`. Demand is
-close to a random walk and a confident median that is wrong costs the scaler more than
+Upper quantiles: the boosted quantile plus a shift learnt from the model's own recent
+out-of-sample errors on the same series and horizon (online split conformal with quantile
+tracking, see `online_shift`): residuals of the holdout model on the holdout, then of the
+deployed model as the targets of later anchors become known. Coverage thus follows a
+series that changes regime, which a model calibrated once on its training window cannot do.
+
+Median: persistence plus a shrunk correction, y[s] + lambda * scale * f_0.5(x), lambda
+chosen at every anchor from a small grid on all out-of-sample errors known by then; lambda
+is 0 (exactly persistence) unless a correction beat persistence there by `margin`. Demand
+is close to a random walk, and a confident median that is wrong costs the scaler more than
 persistence does.
 """
 
@@ -86,13 +88,19 @@ def shrink_choice(
 
 
 class ConformalBoost(DirectForecaster):
-    """`QuantileBoost` with online conformal upper quantiles and a shrunk median."""
+    """`QuantileBoost` with online conformal upper quantiles and a shrunk median.
+
+    `horizons` are trained (others are interpolated); `window` anchors of residuals feed the
+    conformal shift (and at least `min_residuals` of them, else the pooled holdout shift is
+    used); `gain` is the quantile-tracking step; `margin` the relative gain a median
+    correction must show over persistence.
+    """
 
     name = "gpuscale"
 
     def __init__(
         self,
-        horizons: Sequence[int] = (1, 2, 3, 6, 12, 18, 36, 72),
+        horizons: Sequence[int] = (1, 3, 6, 18, 36, 72),
         levels: Sequence[float] = (0.5, 0.9, 0.99),
         *,
         holdout: float = 0.25,
@@ -100,6 +108,7 @@ class ConformalBoost(DirectForecaster):
         min_residuals: int = 50,
         margin: float = 0.05,
         gain: float = 0.02,
+        refit: bool = True,
         params: BoostParams | None = None,
     ) -> None:
         if not 0.0 < holdout < 1.0:
@@ -111,6 +120,8 @@ class ConformalBoost(DirectForecaster):
         self.min_residuals = min_residuals
         self.margin = margin
         self.gain = gain
+        self.full = QuantileBoost(horizons, levels, holdout=0.0, params=params) if refit else None
+        self.fit_end: dict[str, pd.Timestamp] = {}
         self._fallback: dict[int, np.ndarray] = {}
 
     @property
@@ -136,6 +147,9 @@ class ConformalBoost(DirectForecaster):
 
     def _fit(self, series: list[SeriesArrays]) -> None:
         self.core._fit(series)
+        if self.full is not None:
+            self.full._fit(series)
+        self.fit_end = {s.unique_id: pd.Timestamp(s.ds[-1]) + s.step for s in series}
         # Shifts for a series with no residual history yet: the pooled held-out residuals.
         for h in self.core.horizons:
             pooled = []
@@ -181,6 +195,11 @@ class ConformalBoost(DirectForecaster):
         span = np.arange(first, int(anchors[-1]) + 1)
         scale = self.core.unit(s)[span]
         offsets = self.core.offsets(s, span, h, levels)
+        if self.full is not None:
+            end = s.index_of(self.fit_end[s.unique_id]) if s.unique_id in self.fit_end else 0
+            later = span >= end
+            if later.any():
+                offsets[later] = self.full.offsets(s, span[later], h, levels)
         # Realised scaled change of every anchor in the span whose target is known (inside
         # the span's own data: position j + h <= last anchor asked for) and out-of-sample.
         z = np.full(span.size, np.nan)

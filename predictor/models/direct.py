@@ -152,14 +152,22 @@ class DirectForecaster(ABC):
         quantiles: Sequence[float],
     ) -> pd.DataFrame:
         levels = np.array(sorted(set(quantiles)), dtype=float)
-        values = self._quantiles(s, anchors, horizon, levels)
-        # Quantiles never cross: sorting each row keeps every level's marginal calibration
-        # at least as good (a known property of monotone rearrangement).
-        values = np.sort(values, axis=1)
+        values = uncross(self._quantiles(s, anchors, horizon, levels), levels)
         frame = pd.DataFrame({"unique_id": s.unique_id, "ds": targets, "horizon": horizon})
         for j, q in enumerate(levels):
             frame[quantile_column(q)] = values[:, j]
         return frame
+
+
+def uncross(values: np.ndarray, levels: np.ndarray) -> np.ndarray:
+    """Quantiles that never cross, anchored on the level nearest the median: levels above
+    it are raised to at least the one below, levels under it lowered to at most the one
+    above. The median itself is never moved by an upper quantile's error."""
+    centre = int(np.argmin(np.abs(levels - 0.5)))
+    out = values.copy()
+    out[:, centre:] = np.maximum.accumulate(out[:, centre:], axis=1)
+    out[:, : centre + 1] = np.minimum.accumulate(out[:, centre::-1], axis=1)[:, ::-1]
+    return out
 
 
 def _collect(parts: list[pd.DataFrame], quantiles: Sequence[float]) -> DemandForecast:
