@@ -1,0 +1,194 @@
+"""CLI commands of the live system: `scale` (the reconcile loop) and `serve` (the service).
+
+Crash tests: with GPUSCALE_PAUSE_AT=journaled (or acted), `scale --apply` stops for good
+right after journaling an action (or after carrying it out, before completing its journal
+entry) and leaves the file `<state_dir>/paused-at-<point>`, so a test can kill it there.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import signal
+import threading
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import TYPE_CHECKING, Annotated
+
+import typer
+
+from scaler.cli.data import _prose
+
+if TYPE_CHECKING:
+    from scaler.reconcile import PassOutcome
+
+PAUSE_ENV = "GPUSCALE_PAUSE_AT"
+CONFIG_HELP = (
+    "Live config YAML (state_dir, pools, provider, kubernetes, demand, model, policy, lease,"
+    " placement, service). GPUSCALE_* environment variables override it."
+)
+
+
+def register(app: typer.Typer, bench: typer.Typer) -> None:
+    """Add this module's commands to the app."""
+    app.command("scale", help=_prose(scale.__doc__))(scale)
+    app.command("serve", help=_prose(serve.__doc__))(serve)
+
+
+def scale(
+    config: Annotated[Path, typer.Option("--config", envvar="GPUSCALE_CONFIG", help=CONFIG_HELP)],
+    apply: Annotated[
+        bool, typer.Option("--apply", help="Act: resize pools, drain nodes, place placeholders.")
+    ] = False,
+    once: Annotated[bool, typer.Option("--once", help="One pass, then exit.")] = False,
+    interval: Annotated[
+        float | None,
+        typer.Option("--interval", min=0.05, help="Seconds between passes (default: config)."),
+    ] = None,
+    as_json: Annotated[bool, typer.Option("--json", help="Print each pass as JSON.")] = False,
+) -> None:
+    """Run the reconcile loop: read the telemetry store, forecast demand, plan, act.
+
+    Dry run by default: each pass prints the plan with the reason for every pool's size,
+    the nodes it would remove and the placeholder pods it would keep, and changes nothing.
+    With --apply it acts: it sets each pool's size through the provider (never increments,
+    so a repeated pass launches nothing twice), cordons and drains nodes through the
+    Eviction API before the provider deletes them (PodDisruptionBudgets respected), and
+    keeps low-priority placeholder pods holding the capacity bought ahead of demand.
+
+    Safe to kill at any moment: actions are journaled before they are carried out and a
+    restart settles what it finds pending. Stale or missing telemetry never leads to a
+    scale-down. Every decision is stored with its inputs and outcome in the state
+    directory (decisions.sqlite). With Kubernetes configured and lease.enabled, only the
+    replica holding the Lease acts; the others wait.
+
+    Exits 0 after --once if the pass succeeded, 1 if an action failed or this replica
+    never got the lease; runs until SIGTERM or Ctrl-C otherwise.
+    """
+    from scaler.leader import LeaderElector, NotLeader
+    from scaler.live import LiveSystem
+    from scaler.live_config import load_live_config
+    from scaler.reconcile import Reconciler
+
+    logging.basicConfig(
+        level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s"
+    )
+    settings = load_live_config(config)
+    system = LiveSystem.build(settings)
+    stop = threading.Event()
+    for signum in (signal.SIGTERM, signal.SIGINT):
+        signal.signal(signum, lambda *_: stop.set())
+    elector = None
+    if apply and settings.lease.enabled and system.kube is not None:
+        elector = LeaderElector(system.kube, settings.lease)
+        elector.try_acquire_or_renew()
+        threading.Thread(target=elector.run, args=(stop,), name="lease", daemon=True).start()
+    reconciler = Reconciler(system, elector, pause=_pause_hook(settings.state_dir))
+    every = interval if interval is not None else settings.reconcile_interval_s
+    waited_since = time.monotonic()
+    failed = False
+    try:
+        while not stop.is_set():
+            if elector is not None and not elector.is_leader():
+                patience = settings.lease.duration_s + 2 * settings.lease.retry_s
+                if once and time.monotonic() - waited_since > patience:
+                    typer.echo(f"not the leader: lease held by {elector.holder}", err=True)
+                    failed = True
+                    break
+                logging.getLogger(__name__).info("standby: lease held by %s", elector.holder)
+                stop.wait(min(settings.lease.retry_s, every))
+                continue
+            try:
+                outcome = reconciler.iterate(apply)
+            except NotLeader as exc:
+                logging.getLogger(__name__).warning("%s", exc)
+                continue
+            _report(outcome, as_json)
+            failed = bool(outcome.errors)
+            if once:
+                break
+            stop.wait(every)
+    finally:
+        stop.set()
+        if elector is not None:
+            elector.release()
+        system.close()
+    if failed:
+        raise typer.Exit(1)
+
+
+def serve(
+    config: Annotated[Path, typer.Option("--config", envvar="GPUSCALE_CONFIG", help=CONFIG_HELP)],
+    host: Annotated[str, typer.Option("--host", help="Address to bind.")] = "127.0.0.1",
+    port: Annotated[int, typer.Option("--port", min=1, max=65535, help="Port to bind.")] = 8080,
+    log_level: Annotated[str, typer.Option("--log-level", help="uvicorn log level.")] = "info",
+) -> None:
+    """Serve placement, the kube-scheduler extender, forecasts and the plan over HTTP.
+
+    POST /v1/placements places a job (node and GPU indices, or 409 with the reason it
+    cannot fit); /v1/extender/filter, /prioritize and /bind speak the kube-scheduler
+    extender JSON; GET /v1/forecasts, /v1/plan and /v1/nodepools show what the reconcile
+    loop sees and would do; /healthz, /readyz and /metrics for probes and Prometheus;
+    OpenAPI docs on /docs. Calls that change state need the bearer token of
+    service.token or service.token_file.
+    """
+    import uvicorn
+
+    from scaler.live_config import load_live_config
+    from scaler.service import create_app
+
+    app = create_app(load_live_config(config))
+    uvicorn.run(app, host=host, port=port, log_level=log_level)
+
+
+def _pause_hook(state_dir: Path) -> Callable[[str], None]:
+    """The crash-test hook (see the module docstring); a no-op unless the variable is set."""
+    point = os.environ.get(PAUSE_ENV)
+
+    def pause(at: str) -> None:
+        if at != point:
+            return
+        (state_dir / f"paused-at-{at}").touch()
+        while True:
+            time.sleep(3600)
+
+    return pause
+
+
+def _report(outcome: PassOutcome, as_json: bool) -> None:
+    if as_json:
+        typer.echo(json.dumps(outcome.to_dict(), default=str))
+        return
+    from rich.console import Console
+    from rich.table import Table
+
+    d = outcome.decision
+    mode = "applied" if outcome.applied else "dry run"
+    table = Table(title=f"capacity plan ({d.plan.mode}, {mode}) at {d.at:%Y-%m-%d %H:%M:%S}")
+    for column in ("pool", "nodes", "target", "desired", "action", "reason"):
+        numeric = column in ("nodes", "target", "desired")
+        table.add_column(column, justify="right" if numeric else "left")
+    for p in d.plan.decisions:
+        action = "hold" if p.pool in d.held else p.action
+        table.add_row(
+            p.pool,
+            str(p.current),
+            str(d.fleet.targets.get(p.pool, 0)),
+            str(d.desired[p.pool]),
+            action,
+            d.held.get(p.pool, p.reason),
+        )
+    console = Console()
+    console.print(table)
+    for problem in d.problems:
+        console.print(f"[yellow]telemetry[/]: {problem}")
+    for r in d.removals:
+        console.print(f"remove {r.pool}/{r.cloud_name} ({r.kube_name or 'not registered'})")
+    for p in d.placeholders:
+        console.print(f"placeholders {p.pool}: {p.count} x {p.gpus} GPUs")
+    for a in outcome.actions:
+        console.print(f"{a['action']} {a['node']}: {a['status']} ({a['result']})")
+    for e in outcome.errors:
+        console.print(f"[red]error[/]: {e}")

@@ -1,0 +1,93 @@
+"""The FastAPI application: placement, the kube-scheduler extender, forecasts and the plan.
+
+`create_app(config)` wires the parts (the live system of the reconcile loop, the placement
+state, the extender, the plan desk) into routers. Bad input is always a 4xx naming the
+offending field; a failing dependency (the cloud, the API server) is a 503 with its
+reason; bodies above `service.max_body_bytes` are refused with 413 before any route runs.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Awaitable, Callable
+
+from fastapi import FastAPI, Request, Response
+from fastapi.responses import JSONResponse
+
+from predictor.errors import InputError
+from scaler.kube.errors import KubeError
+from scaler.live import LiveSystem
+from scaler.live_config import LiveConfig
+from scaler.providers.base import ProviderError
+from scaler.service.cluster import LiveCluster
+from scaler.service.context import ServiceContext
+from scaler.service.extender import Extender
+from scaler.service.metrics import ServiceMetrics
+from scaler.service.planning import PlanDesk
+from scaler.service.routers import extender, health, outlook, placements
+
+DESCRIPTION = """Placement and forecasts for GPU clusters.
+
+Calls that change state (`POST`/`DELETE /v1/placements`, `POST /v1/extender/bind`) need
+`Authorization: Bearer <token>`. The extender endpoints speak the kube-scheduler's
+ExtenderArgs / ExtenderFilterResult / HostPriorityList / ExtenderBindingArgs JSON.
+"""
+
+
+def create_app(config: LiveConfig, system: LiveSystem | None = None) -> FastAPI:
+    system = system or LiveSystem.build(config)
+    cluster = LiveCluster(system)
+    metrics = ServiceMetrics()
+
+    def node_count() -> float:
+        state = cluster.state()
+        return 0.0 if state is None else float(state.size)
+
+    def allocated() -> float:
+        with cluster.lock:
+            state = cluster.state()
+            if state is None or state.total_gpu_milli == 0:
+                return 0.0
+            return state.allocated_gpu_milli / state.total_gpu_milli
+
+    metrics.watch_cluster(node_count, allocated)
+    app = FastAPI(
+        title="gpuscale",
+        version="0.1.0",
+        description=DESCRIPTION,
+        max_body_size=config.service.max_body_bytes,
+    )
+    app.state.context = ServiceContext(
+        config=config,
+        system=system,
+        cluster=cluster,
+        extender=Extender(cluster),
+        planning=PlanDesk(system),
+        metrics=metrics,
+        token=config.service.bearer_token(),
+    )
+    for router in (placements.router, extender.router, outlook.router, health.router):
+        app.include_router(router)
+
+    @app.middleware("http")
+    async def count(
+        request: Request, call_next: Callable[[Request], Awaitable[Response]]
+    ) -> Response:
+        started = time.perf_counter()
+        response = await call_next(request)
+        route = getattr(request.scope.get("route"), "path", "unmatched")
+        metrics.requests.labels(request.method, route, str(response.status_code)).inc()
+        metrics.latency.labels(route).observe(time.perf_counter() - started)
+        return response
+
+    @app.exception_handler(InputError)
+    async def bad_input(request: Request, exc: InputError) -> JSONResponse:
+        loc = ["body", exc.column] if exc.column else ["body"]
+        return JSONResponse({"detail": [{"loc": loc, "msg": exc.reason}]}, status_code=422)
+
+    @app.exception_handler(KubeError)
+    @app.exception_handler(ProviderError)
+    async def dependency_down(request: Request, exc: Exception) -> JSONResponse:
+        return JSONResponse({"detail": str(exc)}, status_code=503)
+
+    return app

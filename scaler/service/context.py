@@ -1,0 +1,75 @@
+"""What every route depends on: the service's parts, and bearer-token auth for the routes
+that change state (FastAPI dependencies, so a route declares what it needs)."""
+
+from __future__ import annotations
+
+import hmac
+from dataclasses import dataclass
+from typing import Annotated
+
+from fastapi import Depends, HTTPException, Request, status
+from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
+
+from scaler.live import LiveSystem
+from scaler.live_config import LiveConfig
+from scaler.service.cluster import LiveCluster
+from scaler.service.extender import Extender
+from scaler.service.metrics import ServiceMetrics
+from scaler.service.planning import PlanDesk
+
+
+@dataclass
+class ServiceContext:
+    config: LiveConfig
+    system: LiveSystem
+    cluster: LiveCluster
+    extender: Extender
+    planning: PlanDesk
+    metrics: ServiceMetrics
+    token: str | None  # None: every mutating call is refused
+
+
+def context(request: Request) -> ServiceContext:
+    return request.app.state.context
+
+
+Context = Annotated[ServiceContext, Depends(context)]
+_bearer = HTTPBearer(auto_error=False, description="the service's API token")
+
+
+def _check(ctx: ServiceContext, credentials: HTTPAuthorizationCredentials | None) -> None:
+    challenge = {"WWW-Authenticate": "Bearer"}
+    if ctx.token is None:
+        raise HTTPException(
+            status.HTTP_401_UNAUTHORIZED,
+            "this service has no API token configured: calls that change state are off",
+            headers=challenge,
+        )
+    if credentials is None or credentials.scheme.lower() != "bearer":
+        raise HTTPException(
+            status.HTTP_401_UNAUTHORIZED, "a bearer token is required", headers=challenge
+        )
+    # Constant-time: the comparison must not tell how much of a guess was right.
+    if not hmac.compare_digest(credentials.credentials.encode(), ctx.token.encode()):
+        raise HTTPException(status.HTTP_401_UNAUTHORIZED, "invalid token", headers=challenge)
+
+
+def require_token(
+    ctx: Context,
+    credentials: Annotated[HTTPAuthorizationCredentials | None, Depends(_bearer)],
+) -> None:
+    _check(ctx, credentials)
+
+
+def require_bind_token(
+    ctx: Context,
+    credentials: Annotated[HTTPAuthorizationCredentials | None, Depends(_bearer)],
+) -> None:
+    """kube-scheduler cannot send a bearer token; `service.bind_needs_token: false` lets
+    the bind verb in without one."""
+    if ctx.config.service.bind_needs_token:
+        _check(ctx, credentials)
+
+
+Authorized = Depends(require_token)
+BindAuthorized = Depends(require_bind_token)

@@ -1,0 +1,133 @@
+"""The extender verbs over the live cluster: filter, prioritize, bind (see `scheduling`)."""
+
+from __future__ import annotations
+
+from kubernetes import client as k8s
+
+from predictor.errors import InputError
+from scaler.kube.errors import API_ERRORS, KubeError, kube_error
+from scaler.placement import Job, Placement
+from scaler.service.cluster import LiveCluster
+from scaler.service.models import (
+    ExtenderArgs,
+    ExtenderBindingArgs,
+    ExtenderBindingResult,
+    ExtenderFilterResult,
+    HostPriority,
+)
+from scaler.service.scheduling import (
+    filter_nodes,
+    parse_taint,
+    place_on,
+    pod_job,
+    rank,
+    taint_text,
+)
+
+
+class Extender:
+    def __init__(self, cluster: LiveCluster) -> None:
+        self.cluster = cluster
+
+    def _job_and_candidates(self, args: ExtenderArgs) -> tuple[Job, list[str]]:
+        cluster = self.cluster
+        if args.Nodes is not None:
+            cluster.upsert_nodes(args.Nodes.items)
+            candidates = [n.metadata.name for n in args.Nodes.items]
+            taints = {taint_text(t) for n in args.Nodes.items for t in n.spec.taints}
+        else:
+            candidates = list(args.NodeNames or [])
+            state = cluster.state()
+            specs = [] if state is None else state.taints
+            taints = {t for node_taints in specs for t in node_taints}
+        cluster.remember_pod(args.Pod)
+        try:
+            job = pod_job(args.Pod, cluster.names, [parse_taint(t) for t in sorted(taints)])
+        except ValueError as exc:
+            raise InputError(str(exc), column=cluster.names.gpu_milli_annotation) from None
+        return job, candidates
+
+    def filter(self, args: ExtenderArgs) -> ExtenderFilterResult:
+        job, candidates = self._job_and_candidates(args)
+        with self.cluster.lock:
+            state = self.cluster.state()
+            if state is None:
+                return ExtenderFilterResult(Error="gpuscale knows no nodes yet")
+            found = filter_nodes(state, job, candidates)
+        result = ExtenderFilterResult(
+            FailedNodes=found.failed, FailedAndUnresolvableNodes=found.unresolvable
+        )
+        if args.Nodes is not None:
+            passing = set(found.passing)
+            listing = args.Nodes.model_dump(mode="json", by_alias=True, exclude_unset=True)
+            listing["items"] = [
+                n.model_dump(mode="json", by_alias=True, exclude_unset=True)
+                for n in args.Nodes.items
+                if n.metadata.name in passing
+            ]
+            result.Nodes = listing
+        else:
+            result.NodeNames = found.passing
+        return result
+
+    def prioritize(self, args: ExtenderArgs) -> list[HostPriority]:
+        job, candidates = self._job_and_candidates(args)
+        with self.cluster.lock:
+            state = self.cluster.state()
+            if state is None:
+                return [HostPriority(Host=name, Score=0) for name in candidates]
+            scores = rank(state, job, self.cluster.policy, candidates)
+        return [HostPriority(Host=name, Score=score) for name, score in scores]
+
+    def bind(self, args: ExtenderBindingArgs) -> ExtenderBindingResult:
+        cluster = self.cluster
+        pod = cluster.pod(args.PodUID, args.PodNamespace, args.PodName)
+        if pod is None:
+            return ExtenderBindingResult(
+                Error=f"pod {args.PodNamespace}/{args.PodName} is unknown (not filtered here"
+                " and not on the API server)"
+            )
+        with cluster.lock:
+            state = cluster.state()
+            if state is None:
+                return ExtenderBindingResult(Error="gpuscale knows no nodes yet")
+            taints = [parse_taint(t) for t in sorted({t for ts in state.taints for t in ts})]
+            job = pod_job(pod, cluster.names, taints)
+            if job.id in state.jobs:
+                state.release(job.id)  # a bind the scheduler retries
+            decided = place_on(state, job, cluster.policy, args.Node)
+            if not isinstance(decided, Placement):
+                return ExtenderBindingResult(Error=f"cannot bind to {args.Node}: {decided.reason}")
+            cluster.record_bind(job, decided)
+        if cluster.system.kube is not None:
+            try:
+                self._bind_in_kubernetes(cluster.system.kube, args, decided)
+            except KubeError as exc:
+                cluster.release(job.id)
+                return ExtenderBindingResult(Error=str(exc))
+        return ExtenderBindingResult()
+
+    def _bind_in_kubernetes(
+        self, api: k8s.ApiClient, args: ExtenderBindingArgs, placement: Placement
+    ) -> None:
+        """Record the GPU indices on the pod, then bind it (the binding subresource)."""
+        core = k8s.CoreV1Api(api)
+        name, ns = args.PodName, args.PodNamespace
+        gpus = ",".join(str(g) for g in placement.gpus)
+        meta = {"name": name, "namespace": ns}
+        if args.PodUID:
+            meta["uid"] = args.PodUID  # the API server binds only the pod the scheduler saw
+        body = {
+            "apiVersion": "v1",
+            "kind": "Binding",
+            "metadata": meta,
+            "target": {"apiVersion": "v1", "kind": "Node", "name": args.Node},
+        }
+        try:
+            if gpus:
+                annotation = {self.cluster.names.gpus_annotation: gpus}
+                core.patch_namespaced_pod(name, ns, {"metadata": {"annotations": annotation}})
+            # The client cannot read a Binding's empty answer back; take it raw.
+            core.create_namespaced_pod_binding(name, ns, body, _preload_content=False)
+        except API_ERRORS as exc:
+            raise kube_error(f"bind {ns}/{name} to {args.Node}", exc) from None

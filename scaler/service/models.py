@@ -1,0 +1,314 @@
+"""The service's API contract: request and response models.
+
+Two families. Our own (`/v1/placements`, forecasts, plan, node pools) in snake_case. The
+kube-scheduler extender's (`/v1/extender/*`) exactly as the scheduler sends and reads them:
+the Go structs of k8s.io/kube-scheduler/extender/v1 carry no JSON tags, so their keys are
+the Go field names (`Pod`, `Nodes`, `NodeNames`, `FailedNodes`, ...); Go decodes keys
+case-insensitively, so lower-case keys are accepted too. The embedded Pod and Node are
+ordinary Kubernetes JSON; only the fields placement reads are checked, the rest is kept
+and echoed back untouched.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Annotated, Any, Literal
+
+from kubernetes.utils import parse_quantity
+from pydantic import (
+    AfterValidator,
+    AliasChoices,
+    BaseModel,
+    ConfigDict,
+    Field,
+    ValidationInfo,
+    field_validator,
+    model_validator,
+)
+
+from scaler.placement import Job
+
+MAX_NAME = 253
+
+
+def _quantity(value: str | int | float) -> str | int | float:
+    try:
+        amount = parse_quantity(value)
+    except (ValueError, TypeError, ArithmeticError):
+        raise ValueError(f"not a Kubernetes quantity: {value!r}") from None
+    if not math.isfinite(float(amount)) or amount < 0:
+        raise ValueError(f"quantity must be finite and not negative: {value!r}")
+    return value
+
+
+Quantity = Annotated[str | int | float, AfterValidator(_quantity)]
+Name = Annotated[str, Field(min_length=1, max_length=MAX_NAME)]
+
+
+def _go(name: str) -> Any:
+    """A field the scheduler sends under its Go name; any case is accepted, as Go does."""
+    return Field(validation_alias=AliasChoices(name, name.lower(), name[0].lower() + name[1:]))
+
+
+# ---------------------------------------------------------------------------- our API
+
+
+class JobRequest(BaseModel):
+    """One job (a pod, say) to place: what it asks of a node."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    id: Name
+    cpu_milli: int = Field(default=0, ge=0, le=10**9)
+    memory_mib: int = Field(default=0, ge=0, le=10**10)
+    num_gpu: int = Field(default=0, ge=0, le=64)
+    gpu_milli: int | None = Field(
+        default=None, ge=1, le=1000, description="share of one GPU (thousandths); none: whole"
+    )
+    gpu_models: list[Annotated[str, Field(min_length=1)]] = Field(default=[], max_length=64)
+    priority: int = Field(default=0, ge=-(2**31), le=2**31 - 1)
+    node_selector: dict[str, str] = Field(default={}, max_length=64)
+    tolerations: list[str] = Field(
+        default=[], max_length=64, description="taints tolerated, as key=value:Effect"
+    )
+    mode: Literal["pack", "spread"] = "pack"
+    service: str | None = Field(default=None, min_length=1, max_length=MAX_NAME)
+    preempt: bool = Field(default=False, description="may evict lower-priority jobs")
+    dry_run: bool = Field(default=False, description="answer without committing")
+
+    @field_validator("gpu_milli")
+    @classmethod
+    def _share(cls, value: int | None, info: ValidationInfo) -> int | None:
+        gpus = info.data.get("num_gpu", 0)
+        if value is not None and gpus == 0:
+            raise ValueError("a GPU share needs num_gpu 1")
+        if value is not None and gpus > 1 and value != 1000:
+            raise ValueError("several GPUs are whole GPUs: gpu_milli must be 1000")
+        return value
+
+    @model_validator(mode="after")
+    def _spread(self) -> JobRequest:
+        if self.mode == "spread" and self.service is None:
+            raise ValueError("mode spread needs a service (whose replicas are spread)")
+        return self
+
+    def to_job(self) -> Job:
+        share = 0 if self.num_gpu == 0 else (self.gpu_milli or 1000)
+        return Job(
+            id=self.id,
+            cpu_milli=self.cpu_milli,
+            memory_mib=self.memory_mib,
+            num_gpu=self.num_gpu,
+            gpu_milli=share,
+            gpu_models=frozenset(self.gpu_models),
+            priority=self.priority,
+            mode=self.mode,
+            service=self.service,
+            node_selector=tuple(sorted(self.node_selector.items())),
+            tolerations=frozenset(self.tolerations),
+        )
+
+
+class PlacementResponse(BaseModel):
+    job_id: str
+    node: str
+    gpus: list[int] = Field(description="GPU indices on the node")
+    policy: str
+    evict: list[str] = Field(description="jobs to evict first (preemption)")
+    committed: bool
+
+
+class Unplaceable(BaseModel):
+    job_id: str
+    reason: str
+
+
+class ReleaseResponse(BaseModel):
+    job_id: str
+    node: str
+    gpus: list[int]
+
+
+class SeriesForecast(BaseModel):
+    series: str
+    observed: float | None
+    newest: str | None
+    age_s: float | None
+    problem: str | None
+    gpu_models: list[str] | None
+    horizons: list[dict[str, float | int | str]]
+
+
+class ForecastResponse(BaseModel):
+    at: str
+    model: str
+    step_seconds: float
+    problems: list[str]
+    series: list[SeriesForecast]
+
+
+class PoolPlan(BaseModel):
+    pool: str
+    current: int
+    target: int
+    desired: int
+    action: str
+    reason: str
+    held: str | None
+
+
+class PlanResponse(BaseModel):
+    at: str
+    mode: str
+    step: str
+    problems: list[str]
+    pools: list[PoolPlan]
+    removals: list[dict[str, Any]]
+    placeholders: list[dict[str, Any]]
+    needs: list[dict[str, Any]]
+
+
+class NodePoolNode(BaseModel):
+    name: str
+    status: str
+    launched_at: str
+
+
+class NodePoolResponse(BaseModel):
+    name: str
+    gpu_model: str
+    gpus_per_node: int
+    price_per_hour: float
+    capacity_type: str
+    boot_seconds: float
+    min_size: int
+    max_size: int
+    target_size: int
+    ready: int
+    booting: int
+    nodes: list[NodePoolNode]
+
+
+# ---------------------------------------------------------------------------- Kubernetes
+
+
+class _Kube(BaseModel):
+    """A Kubernetes object part: fields placement reads are checked, others kept."""
+
+    model_config = ConfigDict(extra="allow")
+
+
+class ObjectMeta(_Kube):
+    name: Name
+    namespace: str = Field(default="default", max_length=63)
+    uid: str = Field(default="", max_length=128)
+    labels: dict[str, str] = {}
+    annotations: dict[str, str] = {}
+
+
+class ResourceRequirements(_Kube):
+    requests: dict[str, Quantity] = {}
+    limits: dict[str, Quantity] = {}
+
+
+class Container(_Kube):
+    name: str = ""
+    resources: ResourceRequirements = ResourceRequirements()
+
+
+class Toleration(_Kube):
+    key: str | None = None
+    operator: Literal["Exists", "Equal"] | None = None
+    value: str | None = None
+    effect: Literal["NoSchedule", "PreferNoSchedule", "NoExecute", ""] | None = None
+
+
+class PodSpec(_Kube):
+    containers: list[Container] = Field(default=[], max_length=256)
+    initContainers: list[Container] = Field(default=[], max_length=256)
+    nodeSelector: dict[str, str] = {}
+    tolerations: list[Toleration] = Field(default=[], max_length=256)
+    priority: int | None = None
+    nodeName: str | None = None
+
+
+class PodStatus(_Kube):
+    phase: str | None = None
+
+
+class KubePod(_Kube):
+    metadata: ObjectMeta
+    spec: PodSpec = PodSpec()
+    status: PodStatus = PodStatus()
+
+
+class Taint(_Kube):
+    key: str = Field(min_length=1)
+    value: str | None = None
+    effect: Literal["NoSchedule", "PreferNoSchedule", "NoExecute"]
+
+
+class KubeNodeSpec(_Kube):
+    unschedulable: bool = False
+    taints: list[Taint] = Field(default=[], max_length=256)
+    providerID: str | None = None
+
+
+class KubeNodeStatus(_Kube):
+    allocatable: dict[str, Quantity] = {}
+    capacity: dict[str, Quantity] = {}
+
+
+class KubeNode(_Kube):
+    metadata: ObjectMeta
+    spec: KubeNodeSpec = KubeNodeSpec()
+    status: KubeNodeStatus = KubeNodeStatus()
+
+
+class KubeNodeList(_Kube):
+    items: list[KubeNode] = Field(default=[], max_length=20_000)
+
+
+class ExtenderArgs(BaseModel):
+    """What kube-scheduler posts to filter and prioritize: the pod and its candidates,
+    as full nodes (nodeCacheCapable false) or as names (true)."""
+
+    Pod: KubePod = _go("Pod")
+    Nodes: KubeNodeList | None = Field(
+        default=None, validation_alias=AliasChoices("Nodes", "nodes")
+    )
+    NodeNames: list[Name] | None = Field(
+        default=None,
+        max_length=20_000,
+        validation_alias=AliasChoices("NodeNames", "nodenames", "nodeNames"),
+    )
+
+
+class ExtenderFilterResult(BaseModel):
+    Nodes: dict[str, Any] | None = None
+    NodeNames: list[str] | None = None
+    FailedNodes: dict[str, str] = {}
+    FailedAndUnresolvableNodes: dict[str, str] = {}
+    Error: str = ""
+
+
+class HostPriority(BaseModel):
+    Host: str
+    Score: int = Field(ge=0, le=10, description="0..MaxExtenderPriority (10)")
+
+
+class ExtenderBindingArgs(BaseModel):
+    PodName: Name = _go("PodName")
+    PodNamespace: str = Field(
+        default="default",
+        max_length=63,
+        validation_alias=AliasChoices("PodNamespace", "podnamespace", "podNamespace"),
+    )
+    PodUID: str = Field(
+        default="", max_length=128, validation_alias=AliasChoices("PodUID", "poduid", "podUID")
+    )
+    Node: Name = _go("Node")
+
+
+class ExtenderBindingResult(BaseModel):
+    Error: str = ""

@@ -1,0 +1,1 @@
+"""One router per resource; route functions only translate between HTTP and the parts."""

@@ -1,0 +1,41 @@
+"""The kube-scheduler extender verbs (urlPrefix .../v1/extender, filterVerb `filter`,
+prioritizeVerb `prioritize`, bindVerb `bind`)."""
+
+from __future__ import annotations
+
+from fastapi import APIRouter
+
+from scaler.service.context import BindAuthorized, Context
+from scaler.service.models import (
+    ExtenderArgs,
+    ExtenderBindingArgs,
+    ExtenderBindingResult,
+    ExtenderFilterResult,
+    HostPriority,
+)
+
+router = APIRouter(prefix="/v1/extender", tags=["kube-scheduler extender"])
+
+
+@router.post("/filter", response_model=ExtenderFilterResult, response_model_exclude_none=True)
+def filter_nodes(args: ExtenderArgs, ctx: Context) -> ExtenderFilterResult:
+    """ExtenderArgs in, ExtenderFilterResult out: the candidates the pod fits now."""
+    result = ctx.extender.filter(args)
+    ctx.metrics.extender.labels("filter", "error" if result.Error else "ok").inc()
+    return result
+
+
+@router.post("/prioritize", response_model=list[HostPriority])
+def prioritize_nodes(args: ExtenderArgs, ctx: Context) -> list[HostPriority]:
+    """ExtenderArgs in, HostPriorityList out: the engine's ranking, 10 for its choice."""
+    scores = ctx.extender.prioritize(args)
+    ctx.metrics.extender.labels("prioritize", "ok").inc()
+    return scores
+
+
+@router.post("/bind", response_model=ExtenderBindingResult, dependencies=[BindAuthorized])
+def bind_pod(args: ExtenderBindingArgs, ctx: Context) -> ExtenderBindingResult:
+    """ExtenderBindingArgs in, ExtenderBindingResult out: GPUs chosen, pod bound."""
+    result = ctx.extender.bind(args)
+    ctx.metrics.extender.labels("bind", "error" if result.Error else "ok").inc()
+    return result

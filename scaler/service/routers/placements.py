@@ -1,0 +1,50 @@
+"""`/v1/placements`: a job in, a node and GPU indices out (or why it cannot fit)."""
+
+from __future__ import annotations
+
+from fastapi import APIRouter, HTTPException, status
+
+from scaler.placement import Placement
+from scaler.service.context import Authorized, Context
+from scaler.service.models import JobRequest, PlacementResponse, ReleaseResponse, Unplaceable
+
+router = APIRouter(prefix="/v1/placements", tags=["placements"])
+
+
+@router.post(
+    "",
+    response_model=PlacementResponse,
+    status_code=status.HTTP_201_CREATED,
+    dependencies=[Authorized],
+    responses={
+        409: {"model": Unplaceable, "description": "no node can take the job now"},
+        422: {"description": "the request is malformed (the field is named)"},
+    },
+)
+def create_placement(request: JobRequest, ctx: Context) -> PlacementResponse:
+    """Place a job with the configured policy and commit it (unless `dry_run`)."""
+    decided = ctx.cluster.place(
+        request.to_job(), allow_preemption=request.preempt, dry_run=request.dry_run
+    )
+    outcome = "placed" if isinstance(decided, Placement) else "unschedulable"
+    ctx.metrics.placements.labels(outcome).inc()
+    if not isinstance(decided, Placement):
+        detail = Unplaceable(job_id=decided.job_id, reason=decided.reason).model_dump()
+        raise HTTPException(status.HTTP_409_CONFLICT, detail)
+    return PlacementResponse(
+        job_id=decided.job_id,
+        node=decided.node,
+        gpus=list(decided.gpus),
+        policy=decided.policy,
+        evict=list(decided.evict),
+        committed=not request.dry_run,
+    )
+
+
+@router.delete("/{job_id:path}", response_model=ReleaseResponse, dependencies=[Authorized])
+def delete_placement(job_id: str, ctx: Context) -> ReleaseResponse:
+    """Release a job's node and GPUs (it finished or was moved)."""
+    released = ctx.cluster.release(job_id)
+    if released is None:
+        raise HTTPException(status.HTTP_404_NOT_FOUND, f"no placed job {job_id!r}")
+    return ReleaseResponse(job_id=job_id, node=released.node, gpus=list(released.gpus or ()))
