@@ -9,6 +9,7 @@ after a step is seen by a policy before that step is decided (the oracle excepte
 
 from __future__ import annotations
 
+import dataclasses
 import math
 import time
 from collections.abc import Callable, Sequence
@@ -193,8 +194,9 @@ def baseline_runs(prepared: PreparedSeries, lag: int) -> list[ReplayOutcome]:
     s = prepared.series
     step_seconds = prepared.step.total_seconds()
     median = prepared.outlook[:, :, QUANTILES.index(0.5)] / prepared.per_node
+    # The capacity the cluster really had was there all along, never booting.
+    static = dataclasses.replace(replay(s, StaticPolicy(s.static), 0), lag=lag)
     policies: Sequence[ReplayPolicy] = (
-        StaticPolicy(s.static),
         PlannerPolicyRun(
             "reactive",
             PlannerPolicy(
@@ -214,7 +216,7 @@ def baseline_runs(prepared: PreparedSeries, lag: int) -> list[ReplayOutcome]:
         ),
         OraclePolicy(s.demand, lag),
     )
-    return [replay(s, policy, lag) for policy in policies]
+    return [static, *(replay(s, policy, lag) for policy in policies)]
 
 
 def bench_trace(
