@@ -50,6 +50,11 @@ WHOLE = 1000
 STEP_MINUTES = 10
 UNNEEDED_MINUTES = 10
 WARMUP = pd.Timedelta(days=2)
+# The planner pre-positions per 10-minute step and the minute-level reactive floor adds
+# nodes the moment jobs wait, so the per-step bound can be far looser than in a trace
+# replay: 0.5 was chosen on the synthetic workload's seed 1 (p95 wait 2 min against 10 for
+# reactive, +7.9% GPU-hours), not on the seed the benchmark reports.
+JOB_LEVEL_TARGET_SHORTAGE = 0.5
 
 JobMode = Literal["reactive", "predictive"]
 
@@ -461,11 +466,12 @@ def compare_on_workload(
     """Reactive against predictive on one job stream. The forecaster (a `Forecaster`) is
     fitted on the per-pool demand (`unique_id` = pool, GPUs, any resolution) before
     `start - warmup`; the warm-up days then run both modes (and the planner's margin) in,
-    and jobs submitted in [start, end) are scored."""
+    and jobs submitted in [start, end) are scored. The default policy is the planner's
+    with the job-level service knob `JOB_LEVEL_TARGET_SHORTAGE`."""
     from predictor.series import STEP, regularize, resample
     from scaler.replay import rolling_outlook
 
-    policy = policy or PlannerPolicy(mode="predictive")
+    policy = policy or PlannerPolicy(target_shortage=JOB_LEVEL_TARGET_SHORTAGE)
     begin = start - warmup
     stepped = regularize(resample(demand, STEP), fill="ffill").drop(columns="filled")
     if not (stepped["ds"] < begin).any():

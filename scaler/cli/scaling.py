@@ -19,9 +19,6 @@ if TYPE_CHECKING:
     from scaler.planner import DemandOutlook, PlannerPolicy
 
 DEFAULT_MODEL = "gpuscale"
-# Job level, the planner pre-positions per 10-minute step and a minute-level reactive floor
-# adds nodes the moment jobs wait, so the per-step bound can be looser than in a replay.
-JOB_LEVEL_TARGET_SHORTAGE = 0.5
 
 
 def register(app: typer.Typer, bench: typer.Typer) -> None:
@@ -456,8 +453,8 @@ def simulate(
         typer.Option(
             "--target-shortage",
             help="The service knob of our policy: share of steps allowed short (default: the"
-            f" planner's for a replay, {JOB_LEVEL_TARGET_SHORTAGE:g} for --synthetic, where a"
-            " reactive floor catches the rest between steps).",
+            " planner's for a replay; a looser job-level one for --synthetic, where a"
+            " reactive floor adds nodes between steps the moment jobs wait).",
         ),
     ] = None,
     workload: Annotated[
@@ -488,6 +485,8 @@ def simulate(
         raise typer.BadParameter("must be predictive or hybrid", param_hint="--mode")
     out.mkdir(parents=True, exist_ok=True)
     if synthetic and target_shortage is None:
+        from scaler.simulator import JOB_LEVEL_TARGET_SHORTAGE
+
         target_shortage = JOB_LEVEL_TARGET_SHORTAGE
     policy = _load_policy(None, mode, target_shortage)
     if synthetic:
