@@ -62,8 +62,14 @@ class LeaderElector:
 
     def check(self) -> None:
         """Before an action: raise NotLeader unless this replica may act now."""
-        if not self.is_leader():
-            raise NotLeader(f"lease {self.settings.name} is held by {self.holder or 'nobody'}")
+        if self.is_leader():
+            return
+        if self.holder == self.identity:
+            raise NotLeader(
+                f"lease {self.settings.name} not renewed within"
+                f" {self.settings.renew_deadline_s:g} s"
+            )
+        raise NotLeader(f"lease {self.settings.name} is held by {self.holder or 'nobody'}")
 
     def run(self, stop: threading.Event) -> None:
         """Acquire and renew every `retry_s` until `stop` (a daemon thread, as client-go

@@ -215,18 +215,21 @@ def aws_env() -> dict[str, str]:
     }
 
 
-def spawn_scale(config: Path, *args: str, env: dict[str, str] | None = None) -> subprocess.Popen:
-    """`gpuscale scale --config CONFIG ARGS` as a real process."""
+def spawn_scale(
+    config: Path, *args: str, output: Path, env: dict[str, str] | None = None
+) -> subprocess.Popen:
+    """`gpuscale scale --config CONFIG ARGS` as a real process; stdout and stderr go to the
+    file `output` (a pipe nobody reads would fill and stall a long-running loop)."""
     full = {**os.environ, **(env or {})}
     if "GPUSCALE_PAUSE_AT" not in (env or {}):
         full.pop("GPUSCALE_PAUSE_AT", None)
-    return subprocess.Popen(
-        [sys.executable, "-c", LAUNCH, "scale", "--config", str(config), *args],
-        env=full,
-        stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE,
-        text=True,
-    )
+    with output.open("ab") as sink:
+        return subprocess.Popen(
+            [sys.executable, "-c", LAUNCH, "scale", "--config", str(config), *args],
+            env=full,
+            stdout=sink,
+            stderr=subprocess.STDOUT,
+        )
 
 
 def wait_for(predicate: Any, timeout_s: float, what: str, poll_s: float = 0.05) -> None:

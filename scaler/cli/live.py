@@ -78,8 +78,7 @@ def scale(
     settings = load_live_config(config)
     system = LiveSystem.build(settings)
     stop = threading.Event()
-    for signum in (signal.SIGTERM, signal.SIGINT):
-        signal.signal(signum, lambda *_: stop.set())
+    previous = {s: signal.signal(s, lambda *_: stop.set()) for s in (signal.SIGTERM, signal.SIGINT)}
     elector = None
     if apply and settings.lease.enabled and system.kube is not None:
         elector = LeaderElector(system.kube, settings.lease)
@@ -88,6 +87,7 @@ def scale(
     reconciler = Reconciler(system, elector, pause=_pause_hook(settings.state_dir))
     every = interval if interval is not None else settings.reconcile_interval_s
     waited_since = time.monotonic()
+    announced: str | None = None  # the lease holder last reported while standing by
     failed = False
     try:
         while not stop.is_set():
@@ -97,7 +97,9 @@ def scale(
                     typer.echo(f"not the leader: lease held by {elector.holder}", err=True)
                     failed = True
                     break
-                logging.getLogger(__name__).info("standby: lease held by %s", elector.holder)
+                if elector.holder != announced:
+                    announced = elector.holder
+                    logging.getLogger(__name__).info("standby: lease held by %s", announced)
                 stop.wait(min(settings.lease.retry_s, every))
                 continue
             try:
@@ -115,6 +117,8 @@ def scale(
         if elector is not None:
             elector.release()
         system.close()
+        for signum, handler in previous.items():
+            signal.signal(signum, handler)
     if failed:
         raise typer.Exit(1)
 
