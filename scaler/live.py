@@ -7,6 +7,7 @@ from __future__ import annotations
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from datetime import UTC, datetime
 
 from kubernetes import client as k8s
 
@@ -48,7 +49,7 @@ class WallClockCloud:
     @classmethod
     def start(cls, config: LiveConfig) -> WallClockCloud:
         sim = config.provider.simulated
-        cloud = SimulatedCloud(config.pools, sim)
+        cloud = SimulatedCloud(config.pools, sim, start=datetime.now(UTC).replace(tzinfo=None))
         for group in cloud.node_groups():
             size = sim.initial_sizes.get(group.id(), group.min_size())
             if size:

@@ -29,6 +29,7 @@ from pydantic import (
 from scaler.placement import Job
 
 MAX_NAME = 253
+MAX_QUANTITY = 2**53  # far above any node; keeps every sum within int64
 
 
 def _quantity(value: str | int | float) -> str | int | float:
@@ -38,6 +39,8 @@ def _quantity(value: str | int | float) -> str | int | float:
         raise ValueError(f"not a Kubernetes quantity: {value!r}") from None
     if not math.isfinite(float(amount)) or amount < 0:
         raise ValueError(f"quantity must be finite and not negative: {value!r}")
+    if amount > MAX_QUANTITY:
+        raise ValueError(f"quantity too large: {value!r}")
     return value
 
 
