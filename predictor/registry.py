@@ -94,7 +94,10 @@ class ModelRegistry:
         folder.mkdir(parents=True, exist_ok=True)
         payload = pickle.dumps(model, protocol=pickle.HIGHEST_PROTOCOL)
         staging = Path(tempfile.mkdtemp(prefix=".tmp-", dir=folder))
+        umask = os.umask(0)
+        os.umask(umask)
         try:
+            staging.chmod(0o777 & ~umask)  # mkdtemp makes 0700; a version is an ordinary folder
             (staging / ARTIFACT).write_bytes(payload)
             while True:
                 version = max((r.version for r in self.versions(name)), default=0) + 1
