@@ -99,3 +99,22 @@ def test_bad_input_exits_2_and_writes_nothing(vc_slice: Path, tmp_path: Path) ->
         assert done.stderr.startswith("error: ") and done.stderr.count("\n") == 1, done.stderr
     assert not registry.exists()
     assert not (tmp_path / "nostore").exists()
+
+
+def test_train_from_the_telemetry_store(vc_slice: Path, tmp_path: Path) -> None:
+    from predictor.loaders import load_trace
+    from predictor.store import TelemetryStore
+
+    state = tmp_path / "state"
+    TelemetryStore(state).import_traces([load_trace(f"helios-vc:{vc_slice}")])
+    registry = tmp_path / "models"
+    result = runner.invoke(
+        app,
+        ["train", "--state-dir", str(state), "--model", "lightgbm", "--name", "store-model",
+         "--registry", str(registry), "--json"],
+    )  # fmt: skip
+    assert result.exit_code == 0, result.output
+    meta = json.loads(result.output)
+    assert meta["name"] == "store-model" and meta["series"] == ["vcTJs"]
+    assert "pending" in meta["features"]  # exogenous metrics joined from the store
+    assert meta["backtest"]["test_windows"][0][0].startswith("2020-05-04")
