@@ -235,3 +235,35 @@ def test_environment_overrides_the_file(tmp_path: Path, monkeypatch: pytest.Monk
     cfg = load_live_config(path)
     assert cfg.reconcile_interval_s == 7.0 and cfg.lease.identity == "pod-1"
     assert cfg.service.bearer_token() == "t0ken"
+
+
+def test_placeholder_pods_are_not_demand() -> None:
+    """The Kubernetes telemetry source must not count the loop's own placeholders, or the
+    scaler would chase its own headroom."""
+    import json
+
+    from kubernetes import client as k8s
+
+    from predictor.telemetry import kubernetes as source
+    from predictor.telemetry.config import KubernetesSettings
+    from scaler.kube.placeholders import PLACEHOLDER_LABELS, PlaceholderSettings, placeholder_pod
+
+    class Body:
+        def __init__(self, obj: dict) -> None:
+            self.data = json.dumps(obj)
+
+    assert source.PLACEHOLDER_LABELS == PLACEHOLDER_LABELS
+    api = k8s.ApiClient()
+    held = placeholder_pod(PlaceholderSettings(), "a100", 0, 8)
+    job = {
+        "metadata": {"name": "train", "namespace": "ml"},
+        "spec": {
+            "nodeSelector": {"gpuscale.io/pool": "a100"},
+            "containers": [{"name": "m", "resources": {"limits": {"nvidia.com/gpu": "4"}}}],
+        },
+        "status": {"phase": "Pending"},
+    }
+    settings = KubernetesSettings()
+    pods = [source.parse_pod(api.deserialize(Body(p), "V1Pod"), settings) for p in (held, job)]
+    (a100,) = source.pool_demand([], pods)
+    assert (a100.pool, a100.pending) == ("a100", 4)

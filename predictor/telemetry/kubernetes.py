@@ -36,6 +36,11 @@ from predictor.telemetry.sources import MetricBatch, Source, SourceError
 log = logging.getLogger(__name__)
 
 UNPOOLED = "unpooled"
+# The labels of scaler.kube.placeholders (predictor cannot import scaler).
+PLACEHOLDER_LABELS = {
+    "app.kubernetes.io/managed-by": "gpuscale",
+    "app.kubernetes.io/component": "placeholder",
+}
 T = TypeVar("T")
 _API_ERRORS = (k8s.ApiException, urllib3.exceptions.HTTPError, OSError, ValueError)
 
@@ -161,11 +166,15 @@ def parse_node(node: k8s.V1Node, settings: KubernetesSettings) -> GpuNode:
 
 
 def parse_pod(pod: k8s.V1Pod, settings: KubernetesSettings) -> GpuPod:
+    labels = pod.metadata.labels or {}
+    # gpuscale's placeholder pods hold capacity ahead of demand; counted as demand, they
+    # would make the scaler chase its own headroom.
+    placeholder = all(labels.get(k) == v for k, v in PLACEHOLDER_LABELS.items())
     return GpuPod(
         namespace=pod.metadata.namespace,
         name=pod.metadata.name,
         phase=pod.status.phase if pod.status and pod.status.phase else "Pending",
-        gpus=pod_gpus(pod, settings.gpu_resource),
+        gpus=0 if placeholder else pod_gpus(pod, settings.gpu_resource),
         node=pod.spec.node_name,
         wanted_pool=wanted_pool(pod, settings.pool_label),
     )
