@@ -11,7 +11,7 @@ import sys
 import typer
 
 from predictor.errors import InputError
-from scaler.cli import data, demo, forecasting, models, placing, scaling, telemetry
+from scaler.cli import data, demo, forecasting, live, models, placing, scaling, telemetry
 
 app = typer.Typer(
     name="gpuscale",
@@ -26,7 +26,7 @@ bench = typer.Typer(
 )
 app.add_typer(bench, name="bench")
 
-for module in (data, forecasting, scaling, placing, demo, telemetry, models):
+for module in (data, forecasting, scaling, placing, live, demo, telemetry, models):
     module.register(app, bench)
 
 
