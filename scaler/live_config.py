@@ -24,6 +24,7 @@ service: {token_file: /var/run/secrets/gpuscale/token}
 
 from __future__ import annotations
 
+import re
 import socket
 from pathlib import Path
 from typing import Any, Literal
@@ -46,6 +47,8 @@ from scaler.planner import PlannerPolicy
 from scaler.pools import NodePool
 from scaler.providers.aws import AwsSettings
 from scaler.providers.simulated import SimulatedCloudConfig
+
+_PLACEHOLDER_POOL = re.compile(r"^[a-z0-9]([-a-z0-9]{0,38}[a-z0-9])?$")
 
 
 class _Section(BaseModel):
@@ -250,6 +253,14 @@ class LiveConfig(BaseSettings):
             unbound = sorted(set(names) - bound)
             if unbound:
                 raise ValueError(f"pools without an AWS binding: {', '.join(unbound)}")
+        if self.kubernetes is not None and self.kubernetes.pre_position:
+            # Placeholder pods are named after their pool: gpuscale-placeholder-<pool>-<i>.
+            bad = [n for n in names if not _PLACEHOLDER_POOL.match(n)]
+            if bad:
+                raise ValueError(
+                    f"pools {', '.join(bad)} cannot name placeholder pods (lower-case letters,"
+                    " digits and '-', at most 40): set kubernetes.pre_position false or rename"
+                )
         sizes = self.provider.simulated.initial_sizes
         unknown = sorted(set(sizes) - set(names))
         if unknown:

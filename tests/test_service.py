@@ -494,3 +494,17 @@ def test_odd_pods_never_get_a_5xx(
     assert answer.status_code < 500, answer.text
     if answer.json().get("Error") == "":
         assert fixed.delete("/v1/placements/ml/odd", headers=AUTH).status_code == 200
+
+
+def test_an_unreachable_api_server_is_not_ready_and_named(tmp_path: Path) -> None:
+    from prometheus_fixture import free_port
+
+    gone = f"http://127.0.0.1:{free_port()}"
+    config = live_config(tmp_path, kubernetes={"host": gone, "request_timeout_s": 1})
+    with TestClient(create_app(config)) as client:
+        ready = client.get("/readyz")
+        assert ready.status_code == 503 and "list nodes and pods" in ready.json()["cluster_error"]
+        job = client.post("/v1/placements", json={"id": "j", "num_gpu": 1}, headers=AUTH)
+        assert job.status_code == 409 and job.json()["detail"]["reason"] == "no nodes known yet"
+        plan = client.get("/v1/plan")  # the loop's dependency is down: 503 with the reason
+        assert plan.status_code == 503 and "read nodes and pods" in plan.json()["detail"]

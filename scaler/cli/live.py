@@ -67,9 +67,12 @@ def scale(
     Exits 0 after --once if the pass succeeded, 1 if an action failed or this replica
     never got the lease; runs until SIGTERM or Ctrl-C otherwise.
     """
+    from predictor.errors import InputError
+    from scaler.kube.errors import KubeError
     from scaler.leader import LeaderElector, NotLeader
     from scaler.live import LiveSystem
     from scaler.live_config import load_live_config
+    from scaler.providers.base import ProviderError
     from scaler.reconcile import Reconciler
 
     logging.basicConfig(
@@ -107,8 +110,14 @@ def scale(
             except NotLeader as exc:
                 logging.getLogger(__name__).warning("%s", exc)
                 continue
-            _report(outcome, as_json)
-            failed = bool(outcome.errors)
+            except (ProviderError, KubeError, InputError) as exc:
+                # The cloud, the cluster or the store could not be read: nothing was decided
+                # or done; the next pass starts over.
+                logging.getLogger(__name__).error("pass failed: %s", exc)
+                failed = True
+            else:
+                _report(outcome, as_json)
+                failed = bool(outcome.errors)
             if once:
                 break
             stop.wait(every)
