@@ -158,11 +158,15 @@ def forecast_command(
         for _, r in future.frame.iterrows()
     ]
     if plot is not None:
+        from predictor.forecast import DemandForecast
         from predictor.forecast_plot import plot_forecasts
 
         with_median = tuple(sorted({0.5, *levels}))
-        start = history["ds"].max() - pd.Timedelta(days=plot_days)
-        back = forecaster.rolling(history, steps[0], start, with_median)
+        parts = []
+        for _, one in history.groupby("unique_id", sort=True):  # each series' own last days
+            start = one["ds"].max() - pd.Timedelta(days=plot_days)
+            parts.append(forecaster.rolling(one, steps[0], start, with_median).frame)
+        back = DemandForecast(pd.concat(parts, ignore_index=True), with_median)
         ahead = forecaster.forecast(history, steps, with_median)
         plot_forecasts(
             history, back, ahead, plot, title=f"{record.name} v{record.version}: demand forecast"
