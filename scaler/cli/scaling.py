@@ -38,7 +38,9 @@ def bench_scaling(
     ],
     lags: Annotated[
         list[int] | None,
-        typer.Option("--lag", help="Boot lag L in steps (0 or 1 in the protocol); repeat."),
+        typer.Option(
+            "--lag", help="Boot lag L in steps (0 or 1 in the protocol); repeat. Default: 0 and 1."
+        ),
     ] = None,
     split: Annotated[
         str | None,
@@ -56,7 +58,11 @@ def bench_scaling(
     ] = "predictive",
     target_shortage: Annotated[
         float | None,
-        typer.Option("--target-shortage", help="Service-level knob: share of steps allowed short."),
+        typer.Option(
+            "--target-shortage",
+            help="Service-level knob: share of steps allowed short (default: the planner's,"
+            " 0.003); lower costs more and waits less.",
+        ),
     ] = None,
     calibration_days: Annotated[
         float,
@@ -78,7 +84,8 @@ def bench_scaling(
     step t serve from t+L and are paid from t. Rows give the provisioning ratio (paid
     node-steps over demand), shortage events and node-steps, scale actions per day and the
     replay time; the summary tells, per series and lag, the share of the distance between
-    the best baseline and the oracle that `predictive` closes.
+    the best baseline (the cheapest whose shortage is no more than ours) and the oracle that
+    `predictive` closes.
     """
     from rich.console import Console
     from rich.progress import track
