@@ -8,9 +8,10 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 import pytest
-from forecasters import ChangeQuantileForecaster
 
+from predictor.forecast import Forecaster
 from predictor.loaders import load_trace
+from predictor.models import build
 from scaler.planner import PlannerPolicy
 from scaler.replay import (
     CesPolicy,
@@ -23,6 +24,11 @@ from scaler.replay import (
 from scaler.scaling_bench import BenchSettings, bench_trace, prepare_trace, summarize
 
 STEP = pd.Timedelta("10min")
+
+
+def empirical_model() -> Forecaster:
+    """The benchmark's baseline quantile model: fast, and enough to drive the replay."""
+    return build("empirical")
 
 
 def series(
@@ -130,7 +136,7 @@ def test_philly_static_matches_an_independent_computation(traces_dir: Path) -> N
 
     prepared = prepare_trace(
         load_trace(f"philly:{traces_dir / 'philly' / 'philly_node_sequence.csv.gz'}"),
-        ChangeQuantileForecaster,
+        empirical_model,
         BenchSettings(lags=(0,)),
     )
     (item,) = prepared.series
@@ -144,7 +150,7 @@ def test_replay_on_a_helios_vc_slice_beats_reactive_on_shortage(traces_dir: Path
     spec = f"helios-vc:{traces_dir / 'helios-earth' / 'vcLJZ.csv.gz'}"
     trace = load_trace(spec, split="2020-05-29")
     settings = BenchSettings(lags=(0, 1), policy=PlannerPolicy(mode="hybrid", target_shortage=0.05))
-    _, outcomes = bench_trace(trace, ChangeQuantileForecaster, settings)
+    _, outcomes = bench_trace(trace, empirical_model, settings)
     rows = [o.row() for o in outcomes]
     assert {r["policy"] for r in rows} == {"static", "reactive", "ces", "oracle", "predictive"}
     assert all(r["steps"] == int(rows[0]["steps"]) for r in rows)
@@ -164,7 +170,7 @@ def test_no_decision_reads_demand_at_or_after_its_step(traces_dir: Path) -> None
     spec = f"helios-vc:{traces_dir / 'helios-earth' / 'vcMod.csv.gz'}"
     trace = load_trace(spec, split="2020-05-30")
     settings = BenchSettings(lags=(1,))
-    (item,) = prepare_trace(trace, ChangeQuantileForecaster, settings).series
+    (item,) = prepare_trace(trace, empirical_model, settings).series
     from scaler.scaling_bench import planner_run
 
     base = planner_run(item, 1, settings.policy)

@@ -8,8 +8,8 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 import pytest
-from forecasters import ChangeQuantileForecaster
 
+from predictor.models import build
 from predictor.synthetic import generate, load_config
 from scaler.planner import PlannerPolicy
 from scaler.pools import NodePool
@@ -116,7 +116,7 @@ def test_predictive_cuts_waiting_on_the_synthetic_workload() -> None:
         workload.jobs,
         workload.demand,
         pools,
-        ChangeQuantileForecaster(),
+        build("empirical"),
         start=start,
         end=end,
         warmup=pd.Timedelta(hours=6),
