@@ -11,10 +11,9 @@ import math
 from pathlib import Path
 from typing import Literal
 
-import yaml
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
+from pydantic import BaseModel, ConfigDict, Field, model_validator
 
-from predictor.errors import InputError
+from scaler.config_files import read_yaml, validated
 
 CapacityType = Literal["on-demand", "spot"]
 
@@ -83,23 +82,9 @@ def parse_pools(data: object, *, source: str | Path | None = None) -> tuple[Node
     for example `pools.1.max_size`."""
     if isinstance(data, list):
         data = {"pools": data}
-    try:
-        return PoolSet.model_validate(data).pools
-    except ValidationError as exc:
-        first = exc.errors()[0]
-        field = ".".join(str(part) for part in first["loc"]) or None
-        raise InputError(first["msg"], path=source, column=field) from None
+    return validated(PoolSet, data, source).pools
 
 
 def load_pools(path: str | Path) -> tuple[NodePool, ...]:
     """Read pools from a YAML file."""
-    file = Path(path)
-    try:
-        data = yaml.safe_load(file.read_text())
-    except OSError as exc:
-        raise InputError(f"cannot read: {exc.strerror}", path=file) from None
-    except yaml.YAMLError as exc:
-        mark = getattr(exc, "problem_mark", None)
-        line = None if mark is None else mark.line + 1
-        raise InputError(f"not valid YAML: {exc}", path=file, line=line) from None
-    return parse_pools(data, source=file)
+    return parse_pools(read_yaml(path), source=path)

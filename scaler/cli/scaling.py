@@ -333,32 +333,18 @@ def plan_command(
 def _load_policy(
     path: Path | None, mode: str | None, target_shortage: float | None
 ) -> PlannerPolicy:
-    import yaml
-    from pydantic import ValidationError
-
     from predictor.errors import InputError
+    from scaler.config_files import read_yaml, validated
     from scaler.planner import PlannerPolicy
 
-    data: dict[str, object] = {}
-    if path is not None:
-        try:
-            data = yaml.safe_load(path.read_text()) or {}
-        except OSError as exc:
-            raise InputError(f"cannot read: {exc.strerror}", path=path) from None
-        except yaml.YAMLError as exc:
-            raise InputError(f"not valid YAML: {exc}", path=path) from None
-        if not isinstance(data, dict):
-            raise InputError("a policy is a mapping of PlannerPolicy fields", path=path)
+    data = {} if path is None else read_yaml(path) or {}
+    if not isinstance(data, dict):
+        raise InputError("a policy is a mapping of PlannerPolicy fields", path=path)
     if mode is not None:
         data["mode"] = mode
     if target_shortage is not None:
         data["target_shortage"] = target_shortage
-    try:
-        return PlannerPolicy.model_validate(data)
-    except ValidationError as exc:
-        first = exc.errors()[0]
-        field = ".".join(str(part) for part in first["loc"]) or None
-        raise InputError(first["msg"], path=path, column=field) from None
+    return validated(PlannerPolicy, data, path)
 
 
 def _pairs(items: list[str], option: str, cast: type) -> dict[str, object]:
