@@ -34,7 +34,6 @@ from scaler.planner import (
 )
 from scaler.pools import NodePool
 
-POLICIES: tuple[str, ...] = ("static", "reactive", "ces", "oracle", "predictive")
 DAY = pd.Timedelta("1D")
 
 
