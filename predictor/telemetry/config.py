@@ -24,12 +24,19 @@ from predictor.telemetry.sources import RetryPolicy
 _GPU_LABELS = "Hostname, gpu, UUID, modelName"
 
 
-def pod_gpu_requests(phases: str) -> str:
+# Where the scaler's placeholder pods live: they hold headroom, they are not demand, and
+# counting them would make the scaler chase its own pre-positioned capacity.
+PLACEHOLDER_NAMESPACE = "gpuscale-system"
+
+
+def pod_gpu_requests(phases: str, exclude_namespace: str = PLACEHOLDER_NAMESPACE) -> str:
     """PromQL: GPUs requested by pods whose phase matches the regex `phases`, summed over
-    the cluster (kube-state-metrics). The `or` branch yields 0 only while kube-state-metrics
-    is being scraped and no such pod exists, so its outage stays a gap, never a 0."""
+    the cluster (kube-state-metrics), leaving out the placeholders' namespace. The `or`
+    branch yields 0 only while kube-state-metrics is being scraped and no such pod exists,
+    so its outage stays a gap, never a 0."""
     return (
-        'sum(kube_pod_container_resource_requests{resource="nvidia_com_gpu"}'
+        'sum(kube_pod_container_resource_requests{resource="nvidia_com_gpu",'
+        f'namespace!="{exclude_namespace}"}}'
         " * on (namespace, pod) group_left ()"
         f' max by (namespace, pod) (kube_pod_status_phase{{phase=~"{phases}"}} == 1))'
         " or on () (0 * count(kube_pod_status_phase))"
