@@ -7,7 +7,9 @@
 - `seasonal-naive`: the same time on the latest day at least h back, with empirical error
   quantiles;
 - `empirical`: the last value plus empirical quantiles of training h-step changes (the
-  benchmark's baseline).
+  benchmark's baseline);
+- `torch`: a global PyTorch quantile network (needs torch, imported when built);
+- `torch-conformal`: the `gpuscale` calibration around that network.
 """
 
 from __future__ import annotations
@@ -19,6 +21,7 @@ from predictor.forecast import Forecaster
 from predictor.models.baselines import EmpiricalChange, Persistence, SeasonalNaive
 from predictor.models.conformal import ConformalBoost
 from predictor.models.lgbm import BoostParams, QuantileBoost
+from predictor.models.torch_model import ConformalTorch, NetParams, TorchQuantile
 
 DEFAULT_MODEL = "gpuscale"
 
@@ -28,6 +31,8 @@ _BUILDERS: dict[str, Callable[..., Forecaster]] = {
     "persistence": Persistence,
     "seasonal-naive": SeasonalNaive,
     "empirical": EmpiricalChange,
+    "torch": TorchQuantile,
+    "torch-conformal": ConformalTorch,
 }
 MODEL_NAMES: tuple[str, ...] = tuple(_BUILDERS)
 
@@ -49,9 +54,12 @@ __all__ = [
     "MODEL_NAMES",
     "BoostParams",
     "ConformalBoost",
+    "ConformalTorch",
     "EmpiricalChange",
+    "NetParams",
     "Persistence",
     "QuantileBoost",
     "SeasonalNaive",
+    "TorchQuantile",
     "build",
 ]
