@@ -48,6 +48,15 @@ def scale(
         typer.Option("--interval", min=0.05, help="Seconds between passes (default: config)."),
     ] = None,
     as_json: Annotated[bool, typer.Option("--json", help="Print each pass as JSON.")] = False,
+    metrics_port: Annotated[
+        int | None,
+        typer.Option(
+            "--metrics-port",
+            min=1,
+            max=65535,
+            help="Serve the loop's /metrics (forecast, fleet, decisions) on this port.",
+        ),
+    ] = None,
 ) -> None:
     """Run the reconcile loop: read the telemetry store, forecast demand, plan, act.
 
@@ -72,6 +81,7 @@ def scale(
     from scaler.leader import LeaderElector, NotLeader
     from scaler.live import LiveSystem
     from scaler.live_config import load_live_config
+    from scaler.loop_metrics import LoopMetrics
     from scaler.providers.base import ProviderError
     from scaler.reconcile import Reconciler
 
@@ -88,6 +98,9 @@ def scale(
         elector.try_acquire_or_renew()
         threading.Thread(target=elector.run, args=(stop,), name="lease", daemon=True).start()
     reconciler = Reconciler(system, elector, pause=_pause_hook(settings.state_dir))
+    metrics = LoopMetrics()
+    stop_metrics = metrics.serve(metrics_port) if metrics_port is not None else None
+    gpus_per_node = {p.name: p.gpus_per_node for p in settings.pools}
     every = interval if interval is not None else settings.reconcile_interval_s
     waited_since = time.monotonic()
     announced: str | None = None  # the lease holder last reported while standing by
@@ -114,8 +127,10 @@ def scale(
                 # The cloud, the cluster or the store could not be read: nothing was decided
                 # or done; the next pass starts over.
                 logging.getLogger(__name__).error("pass failed: %s", exc)
+                metrics.failed_pass()
                 failed = True
             else:
+                metrics.observe(outcome, gpus_per_node)
                 _report(outcome, as_json)
                 failed = bool(outcome.errors)
             if once:
@@ -123,6 +138,8 @@ def scale(
             stop.wait(every)
     finally:
         stop.set()
+        if stop_metrics is not None:
+            stop_metrics()
         if elector is not None:
             elector.release()
         system.close()
@@ -137,6 +154,14 @@ def serve(
     host: Annotated[str, typer.Option("--host", help="Address to bind.")] = "127.0.0.1",
     port: Annotated[int, typer.Option("--port", min=1, max=65535, help="Port to bind.")] = 8080,
     log_level: Annotated[str, typer.Option("--log-level", help="uvicorn log level.")] = "info",
+    tls_cert: Annotated[
+        Path | None,
+        typer.Option("--tls-cert", envvar="GPUSCALE_TLS_CERT", help="PEM certificate: HTTPS."),
+    ] = None,
+    tls_key: Annotated[
+        Path | None,
+        typer.Option("--tls-key", envvar="GPUSCALE_TLS_KEY", help="PEM private key of --tls-cert."),
+    ] = None,
 ) -> None:
     """Serve placement, the kube-scheduler extender, forecasts and the plan over HTTP.
 
@@ -152,8 +177,17 @@ def serve(
     from scaler.live_config import load_live_config
     from scaler.service import create_app
 
+    if (tls_cert is None) != (tls_key is None):
+        raise typer.BadParameter("--tls-cert and --tls-key go together")
     app = create_app(load_live_config(config))
-    uvicorn.run(app, host=host, port=port, log_level=log_level)
+    uvicorn.run(
+        app,
+        host=host,
+        port=port,
+        log_level=log_level,
+        ssl_certfile=tls_cert,
+        ssl_keyfile=tls_key,
+    )
 
 
 def _pause_hook(state_dir: Path) -> Callable[[str], None]:

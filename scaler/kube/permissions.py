@@ -1,0 +1,68 @@
+"""The Kubernetes permissions gpuscale needs: one row per API method the code calls.
+
+The Helm chart's RBAC (deploy/helm/gpuscale/templates/rbac.yaml) grants exactly what this
+table derives for each component, and tests/test_deploy.py keeps the three in step: it scans
+the source for every Kubernetes client method called (or handed to a watch) and fails when a
+call is missing here, when a module that calls the API belongs to no component, or when the
+chart grants more or less than the table says.
+
+`scope` is "cluster" when the call reaches any namespace or a cluster-scoped object
+(ClusterRole), "namespace" when it only touches gpuscale's own namespace: the lease and the
+placeholder pods (Role in the release namespace).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Literal
+
+
+@dataclass(frozen=True, slots=True, order=True)
+class Permission:
+    group: str  # "" is the core API group
+    resource: str
+    verb: str
+    scope: Literal["cluster", "namespace"] = "cluster"
+
+
+API_CALLS: dict[str, Permission] = {
+    "list_node": Permission("", "nodes", "list"),
+    "read_node": Permission("", "nodes", "get"),
+    "patch_node": Permission("", "nodes", "patch"),  # cordon and uncordon
+    "list_pod_for_all_namespaces": Permission("", "pods", "list"),
+    "read_namespaced_pod": Permission("", "pods", "get"),  # extender bind: the pod's requests
+    "patch_namespaced_pod": Permission("", "pods", "patch"),  # extender bind: GPU annotation
+    "create_namespaced_pod_binding": Permission("", "pods/binding", "create"),
+    "create_namespaced_pod_eviction": Permission("", "pods/eviction", "create"),  # drain
+    "list_namespaced_pod_disruption_budget": Permission("policy", "poddisruptionbudgets", "list"),
+    "read_priority_class": Permission("scheduling.k8s.io", "priorityclasses", "get"),
+    "create_priority_class": Permission("scheduling.k8s.io", "priorityclasses", "create"),
+    # Placeholder pods live in gpuscale's namespace only.
+    "list_namespaced_pod": Permission("", "pods", "list", "namespace"),
+    "create_namespaced_pod": Permission("", "pods", "create", "namespace"),
+    "delete_namespaced_pod": Permission("", "pods", "delete", "namespace"),
+    # Leader election.
+    "read_namespaced_lease": Permission("coordination.k8s.io", "leases", "get", "namespace"),
+    "create_namespaced_lease": Permission("coordination.k8s.io", "leases", "create", "namespace"),
+    "replace_namespaced_lease": Permission("coordination.k8s.io", "leases", "update", "namespace"),
+}
+
+# The modules whose API calls each deployed component makes. The scaler pod runs the
+# reconcile loop and, beside it, a collector reading demand from the API server (informers:
+# list + watch); the service lists the cluster for placement, binds for kube-scheduler and
+# observes the fleet for /v1/plan. The node collector (NVML) talks to no API server.
+COMPONENT_MODULES: dict[str, tuple[str, ...]] = {
+    "scaler": (
+        "scaler/leader.py",
+        "scaler/kube/nodes.py",
+        "scaler/kube/placeholders.py",
+        "scaler/fleet_view.py",
+        "predictor/telemetry/kubernetes.py",
+    ),
+    "service": (
+        "scaler/service/cluster.py",
+        "scaler/service/extender.py",
+        "scaler/fleet_view.py",
+    ),
+    "collector": (),
+}

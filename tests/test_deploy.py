@@ -1,0 +1,396 @@
+"""The deploy/ artefacts: the Helm chart renders to valid Kubernetes objects, its RBAC grants
+exactly the API calls the code makes, its config loads, and the Dockerfile builds a non-root
+image whose entry point is the CLI.
+
+helm is not installable here, so the chart keeps to a subset of the template language that
+`render` below implements exactly: `{{ .Values.a.b }}`, `{{ .Values.a.b | toJson }}`,
+`{{ .Values.a.b | quote }}` and `{{ .Release.Namespace }}`. Anything else in a template fails
+the test, so `helm template` gives the same manifests.
+"""
+
+from __future__ import annotations
+
+import ast
+import json
+import re
+import shlex
+import shutil
+import subprocess
+from functools import partial
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+
+from scaler.kube.permissions import API_CALLS, COMPONENT_MODULES, Permission
+
+ROOT = Path(__file__).resolve().parents[1]
+CHART = ROOT / "deploy" / "helm" / "gpuscale"
+NAMESPACE = "gpuscale-system"
+KUBE_VERSION = "1.30.0"
+_ACTION = re.compile(r"{{-?\s*(.*?)\s*-?}}")
+
+
+def render(template: str, values: dict[str, Any], namespace: str = NAMESPACE) -> str:
+    def one(match: re.Match[str]) -> str:
+        expr, _, pipe = (part.strip() for part in match.group(1).partition("|"))
+        if expr == ".Release.Namespace":
+            value: Any = namespace
+        elif expr.startswith(".Values."):
+            value = values
+            for key in expr.removeprefix(".Values.").split("."):
+                value = value[key]
+        else:
+            raise AssertionError(f"template action outside the supported subset: {match[0]}")
+        if pipe == "toJson":
+            return json.dumps(value, separators=(",", ":"))
+        if pipe == "quote":
+            return json.dumps(str(value))
+        assert not pipe, f"unsupported pipeline: {match[0]}"
+        assert not isinstance(value, dict | list), f"{expr} needs | toJson"
+        return str(value).lower() if isinstance(value, bool) else str(value)
+
+    return _ACTION.sub(one, template)
+
+
+def manifests(values: dict[str, Any] | None = None) -> list[dict[str, Any]]:
+    vals = values or yaml.safe_load((CHART / "values.yaml").read_text())
+    docs = []
+    for path in sorted((CHART / "templates").glob("*.yaml")):
+        for doc in yaml.safe_load_all(render(path.read_text(), vals)):
+            if doc:
+                docs.append(doc)
+    return docs
+
+
+def by_kind(docs: list[dict[str, Any]], kind: str) -> dict[str, dict[str, Any]]:
+    return {d["metadata"]["name"]: d for d in docs if d["kind"] == kind}
+
+
+@pytest.fixture(scope="module")
+def docs() -> list[dict[str, Any]]:
+    return manifests()
+
+
+def test_chart_renders_to_valid_kubernetes_objects(docs: list[dict[str, Any]]) -> None:
+    import kubernetes_validate
+
+    kinds = sorted({d["kind"] for d in docs})
+    assert {"DaemonSet", "Deployment", "PriorityClass", "ServiceMonitor", "Secret"} <= set(kinds)
+    for doc in docs:
+        if doc["apiVersion"].startswith("monitoring.coreos.com/"):
+            continue  # a CRD: no schema in the Kubernetes API; checked below
+        kubernetes_validate.validate(doc, KUBE_VERSION, strict=True)
+    (monitor,) = by_kind(docs, "ServiceMonitor").values()
+    ports = {p["name"] for s in by_kind(docs, "Service").values() for p in s["spec"]["ports"]}
+    assert {e["port"] for e in monitor["spec"]["endpoints"]} == ports
+
+
+def test_validator_rejects_a_broken_manifest(docs: list[dict[str, Any]]) -> None:
+    import kubernetes_validate
+
+    broken = json.loads(json.dumps(by_kind(docs, "Deployment")["gpuscale-scaler"]))
+    broken["spec"]["replicas"] = "two"
+    with pytest.raises(kubernetes_validate.ValidationError):
+        kubernetes_validate.validate(broken, KUBE_VERSION, strict=True)
+
+
+def test_workloads_run_the_cli_hardened(docs: list[dict[str, Any]]) -> None:
+    from scaler.cli import app
+
+    commands = {c.name for c in app.registered_commands}
+    workloads = by_kind(docs, "Deployment") | by_kind(docs, "DaemonSet")
+    assert set(workloads) == {"gpuscale-scaler", "gpuscale-service", "gpuscale-collector"}
+    for workload in workloads.values():
+        pod = workload["spec"]["template"]["spec"]
+        assert pod["securityContext"]["runAsNonRoot"] is True
+        for container in pod["containers"]:
+            assert container["args"][0] in commands
+            hardened = container["securityContext"]
+            assert hardened["allowPrivilegeEscalation"] is False
+            assert hardened["readOnlyRootFilesystem"] is True
+    assert workloads["gpuscale-scaler"]["spec"]["replicas"] == 2
+    scaler = workloads["gpuscale-scaler"]["spec"]["template"]["spec"]["containers"][0]
+    assert "--apply" in scaler["args"] and "--metrics-port" in scaler["args"]
+    env = {e["name"]: e for e in scaler["env"]}
+    assert env["GPUSCALE_LEASE__IDENTITY"]["valueFrom"]["fieldRef"]["fieldPath"] == (
+        "metadata.name"
+    )
+    node = workloads["gpuscale-collector"]["spec"]["template"]["spec"]
+    assert node["nodeSelector"] == {"nvidia.com/gpu.present": "true"}
+    assert node["automountServiceAccountToken"] is False
+
+
+def test_placeholder_priority_class_matches_the_code(docs: list[dict[str, Any]]) -> None:
+    from scaler.kube.placeholders import PlaceholderSettings, priority_class
+
+    (made,) = by_kind(docs, "PriorityClass").values()
+    expected = priority_class(PlaceholderSettings())
+    assert made["metadata"]["name"] == expected["metadata"]["name"] == "gpuscale-placeholder"
+    assert made["value"] == expected["value"] == -10
+    assert made["preemptionPolicy"] == expected["preemptionPolicy"] == "Never"
+
+
+def test_config_map_loads_and_the_token_comes_from_the_secret(
+    docs: list[dict[str, Any]], tmp_path: Path
+) -> None:
+    from predictor.telemetry.config import load_config
+    from scaler.live_config import load_live_config
+
+    data = by_kind(docs, "ConfigMap")["gpuscale-config"]["data"]
+    for name, text in data.items():
+        (tmp_path / name).write_text(text)
+    live = load_live_config(tmp_path / "live.yaml")
+    assert live.lease.namespace == NAMESPACE
+    assert live.kubernetes is not None and live.kubernetes.placeholders.namespace == NAMESPACE
+    assert load_config(tmp_path / "collector.yaml").kubernetes is not None
+    assert load_config(tmp_path / "node-collector.yaml").nvml is not None
+
+    service = by_kind(docs, "Deployment")["gpuscale-service"]["spec"]["template"]["spec"]
+    mounts = {m["name"]: m["mountPath"] for m in service["containers"][0]["volumeMounts"]}
+    secret = {v["name"]: v for v in service["volumes"]}["token"]["secret"]["secretName"]
+    assert str(live.service.token_file) == f"{mounts['token']}/token"
+    assert "token" in by_kind(docs, "Secret")[secret]["stringData"]
+
+
+# ------------------------------------------------------------------ RBAC against the code
+
+
+def _api_methods() -> set[str]:
+    from kubernetes import client as k8s
+
+    return {
+        name
+        for cls in vars(k8s).values()
+        if isinstance(cls, type) and cls.__name__.endswith("Api") and cls.__name__ != "ApiClient"
+        for name in vars(cls)
+        if not name.startswith("_") and not name.endswith("_with_http_info")
+    }
+
+
+def code_calls() -> dict[str, set[str]]:
+    """Kubernetes client methods each source module calls or hands to a watch ("+watch")."""
+    methods = _api_methods() - {"get_api_resources", "get_code"}
+    found: dict[str, set[str]] = {}
+    for package in ("scaler", "predictor"):
+        for path in sorted((ROOT / package).rglob("*.py")):
+            tree = ast.parse(path.read_text())
+            names = {
+                n.attr for n in ast.walk(tree) if isinstance(n, ast.Attribute) and n.attr in methods
+            }
+            watched = any(
+                isinstance(n, ast.Attribute) and n.attr == "Watch" for n in ast.walk(tree)
+            )
+            if names:
+                rel = path.relative_to(ROOT).as_posix()
+                found[rel] = names | ({"+watch"} if watched else set())
+    return found
+
+
+def required(component: str, calls: dict[str, set[str]]) -> set[Permission]:
+    out: set[Permission] = set()
+    for module in COMPONENT_MODULES[component]:
+        names = calls.get(module, set())
+        for name in names - {"+watch"}:
+            p = API_CALLS[name]
+            out.add(p)
+            if "+watch" in names and p.verb == "list":
+                out.add(Permission(p.group, p.resource, "watch", p.scope))
+    # A verb granted cluster-wide need not be granted again in the namespace.
+    cluster = {(p.group, p.resource, p.verb) for p in out if p.scope == "cluster"}
+    return {p for p in out if p.scope == "cluster" or (p.group, p.resource, p.verb) not in cluster}
+
+
+def granted(docs: list[dict[str, Any]], kind: str, name: str, scope: str) -> set[Permission]:
+    role = by_kind(docs, kind).get(name)
+    if role is None:
+        return set()
+    return {
+        Permission(group, resource, verb, scope)  # type: ignore[arg-type]
+        for rule in role["rules"]
+        for group in rule["apiGroups"]
+        for resource in rule["resources"]
+        for verb in rule["verbs"]
+    }
+
+
+def test_every_kubernetes_call_in_the_code_is_in_the_permission_table() -> None:
+    calls = code_calls()
+    assert calls, "the scan found no Kubernetes client calls at all"
+    used = set().union(*calls.values()) - {"+watch"}
+    assert used - set(API_CALLS) == set(), "add these calls to scaler/kube/permissions.py"
+    assert set(API_CALLS) - used == set(), "the table lists calls the code no longer makes"
+    owned = {m for modules in COMPONENT_MODULES.values() for m in modules}
+    assert set(calls) - owned == set(), "modules calling the API that no component runs"
+
+
+@pytest.mark.parametrize("component", sorted(COMPONENT_MODULES))
+def test_rbac_grants_exactly_what_the_code_calls(
+    docs: list[dict[str, Any]], component: str
+) -> None:
+    want = required(component, code_calls())
+    name = f"gpuscale-{component}"
+    have = granted(docs, "ClusterRole", name, "cluster") | granted(docs, "Role", name, "namespace")
+    assert sorted(have) == sorted(want)
+    for binding_kind, role_kind in (("ClusterRoleBinding", "ClusterRole"), ("RoleBinding", "Role")):
+        binding = by_kind(docs, binding_kind).get(name)
+        if name in by_kind(docs, role_kind):
+            assert binding is not None and binding["roleRef"]["name"] == name
+            assert binding["subjects"] == [
+                {"kind": "ServiceAccount", "name": name, "namespace": NAMESPACE}
+            ]
+    accounts = {
+        w["spec"]["template"]["spec"]["serviceAccountName"]
+        for w in [*by_kind(docs, "Deployment").values(), *by_kind(docs, "DaemonSet").values()]
+    }
+    assert name in accounts
+
+
+def test_rbac_comparison_catches_an_extra_verb(docs: list[dict[str, Any]]) -> None:
+    extra = json.loads(json.dumps(docs))
+    role = by_kind(extra, "ClusterRole")["gpuscale-service"]
+    role["rules"].append({"apiGroups": [""], "resources": ["nodes"], "verbs": ["delete"]})
+    have = granted(extra, "ClusterRole", "gpuscale-service", "cluster")
+    assert have != required("service", code_calls())
+
+
+# ------------------------------------------------------------------ the container image
+
+
+def dockerfile_instructions(text: str) -> list[tuple[str, str]]:
+    """(INSTRUCTION, arguments) with continuation lines joined and comments dropped."""
+    out: list[tuple[str, str]] = []
+    pending = ""
+    for raw in text.splitlines():
+        line = raw.strip()
+        if not pending and (not line or line.startswith("#")):
+            continue
+        if line.endswith("\\"):
+            pending += line[:-1] + " "
+            continue
+        line = pending + line
+        pending = ""
+        word, _, rest = line.partition(" ")
+        out.append((word.upper(), rest.strip()))
+    assert not pending, "a continuation line runs off the end"
+    return out
+
+
+def test_dockerfile_is_multi_stage_non_root_with_the_cli_as_entry_point() -> None:
+    steps = dockerfile_instructions((ROOT / "deploy" / "Dockerfile").read_text())
+    known = {"ARG", "FROM", "ENV", "RUN", "WORKDIR", "COPY", "USER", "EXPOSE", "HEALTHCHECK"}
+    assert {word for word, _ in steps} <= known | {"ENTRYPOINT", "CMD"}
+    froms = [rest for word, rest in steps if word == "FROM"]
+    assert len(froms) == 2 and froms[0].endswith(" AS build")
+    args = dict(rest.split("=", 1) for word, rest in steps if word == "ARG" and "=" in rest)
+    assert args["PYTHON_IMAGE"].startswith("python:3.11-slim")
+    assert args["TORCH_VARIANT"] == "cpu" and args["TORCH_VERSION"] == "2.13.0"
+    torch = [rest for word, rest in steps if word == "RUN" and "torch==" in rest]
+    assert torch and '--index-url "$TORCH_INDEX_URL"' in torch[0]
+    final = steps[max(i for i, (word, _) in enumerate(steps) if word == "FROM") :]
+    users = [rest for word, rest in final if word == "USER"]
+    assert users and users[-1].split(":")[0] not in {"0", "root"}
+    assert json.loads(dict(final)["ENTRYPOINT"]) == ["gpuscale"]
+    assert dict(final)["HEALTHCHECK"].startswith("--interval")
+    assert any(word == "COPY" and rest.startswith("--from=build") for word, rest in final)
+    for word, rest in steps:
+        if word == "RUN" and "apt-get install" in rest:
+            assert "--no-install-recommends" in rest and "rm -rf /var/lib/apt/lists" in rest
+        if word == "RUN" and "pip install" in rest:
+            assert all("http" not in token for token in shlex.split(rest.replace(";", " ")))
+    ignored = (ROOT / ".dockerignore").read_text().split()
+    assert ignored[ignored.index("*") :][:1] == ["*"]
+    assert {"!predictor/", "!scaler/", "!pyproject.toml"} <= set(ignored)
+
+
+# ------------------------------------------------------------------ alert rules
+
+
+def _alert(rules: dict[str, dict[str, Any]], name: str, summary: str, **labels: str) -> dict:
+    rule = rules[name]
+    annotations = {"summary": summary}
+    if "description" in rule["annotations"]:
+        annotations["description"] = rule["annotations"]["description"]
+    return {"exp_labels": rule["labels"] | labels, "exp_annotations": annotations}
+
+
+def test_alert_rules_fire_on_the_metrics_the_code_exports(tmp_path: Path) -> None:
+    """promtool's rule unit tests: each alert fires on the series that should raise it and
+    stays quiet otherwise (placeholder pods are not waiting work)."""
+    promtool = shutil.which("promtool")
+    if promtool is None:
+        pytest.skip("promtool is not installed")
+    source = ROOT / "deploy" / "prometheus" / "alerts.yaml"
+    groups = yaml.safe_load(source.read_text())["groups"]
+    rules = {r["alert"]: r for g in groups for r in g["rules"] if "alert" in r}
+    a = partial(_alert, rules)
+    gpus = 'kube_pod_container_resource_requests{resource="nvidia_com_gpu",'
+    phase = 'kube_pod_status_phase{phase="Pending",'
+    series = {
+        'gpuscale_collector_lag_seconds{source="kubernetes"}': "0+60x90",
+        'gpuscale_collector_lag_seconds{source="prometheus"}': "30x90",
+        'gpuscale_scaler_actions_total{action="set_target",status="failed"}': "0 0 0 1 1 1",
+        'gpuscale_scaler_actions_total{action="set_target",status="done"}': "0+1x90",
+        gpus + 'namespace="ml",pod="j"}': "4x90",
+        phase + 'namespace="ml",pod="j"}': "1x90",
+        gpus + 'namespace="gpuscale-system",pod="p"}': "8x90",
+        phase + 'namespace="gpuscale-system",pod="p"}': "1x90",
+        'gpuscale_scaler_demand_gpus{group="a100"}': "100x90",
+        'gpuscale_scaler_forecast_gpus{group="a100",quantile="0.5"}': "50x90",
+        'gpuscale_scaler_demand_gpus{group="h100"}': "40x90",
+        'gpuscale_scaler_forecast_gpus{group="h100",quantile="0.5"}': "41x90",
+    }
+    cases = [
+        ("20m", "GpuscaleTelemetryStale", [a("GpuscaleTelemetryStale",
+            "gpuscale telemetry from kubernetes is 20m 0s old", source="kubernetes")]),
+        ("5m", "GpuscaleScaleActionsFailing", [a("GpuscaleScaleActionsFailing",
+            "gpuscale set_target actions failed in the last 30 minutes", action="set_target")]),
+        ("60m", "GpuscaleScaleActionsFailing", []),
+        ("20m", "GpuscalePodsWaitingForCapacity", [a("GpuscalePodsWaitingForCapacity",
+            "4 GPUs requested by pods pending for 15 minutes")]),
+        ("80m", "GpuscaleForecastErrorDrift", [a("GpuscaleForecastErrorDrift",
+            "gpuscale forecast error for a100 is 50%", group="a100")]),
+    ]  # fmt: skip
+    shutil.copy(source, tmp_path / "alerts.yaml")
+    test = {
+        "rule_files": ["alerts.yaml"],
+        "evaluation_interval": "1m",
+        "tests": [
+            {
+                "interval": "1m",
+                "input_series": [{"series": s, "values": v} for s, v in series.items()],
+                "alert_rule_test": [
+                    {"eval_time": t, "alertname": name, "exp_alerts": exp} for t, name, exp in cases
+                ],
+            }
+        ],
+    }
+    (tmp_path / "test.yaml").write_text(yaml.safe_dump(test))
+    checked = subprocess.run(
+        [promtool, "check", "rules", "alerts.yaml"], cwd=tmp_path, capture_output=True, text=True
+    )
+    assert checked.returncode == 0, checked.stdout + checked.stderr
+    tested = subprocess.run(
+        [promtool, "test", "rules", "test.yaml"], cwd=tmp_path, capture_output=True, text=True
+    )
+    assert tested.returncode == 0, tested.stdout + tested.stderr
+
+
+def test_alerts_and_dashboard_use_only_metrics_the_code_exports() -> None:
+    exported = set()
+    for path in [*ROOT.joinpath("scaler").rglob("*.py"), *ROOT.joinpath("predictor").rglob("*.py")]:
+        for match in re.finditer(
+            r'(?:Counter|Gauge|Histogram)\(\s*"(gpuscale_\w+)"', path.read_text()
+        ):
+            exported.add(match[1])
+    assert {"gpuscale_scaler_demand_gpus", "gpuscale_service_requests"} <= exported
+    suffixes = ("_total", "_bucket", "_count", "_sum")
+    texts = [
+        (ROOT / "deploy" / "prometheus" / "alerts.yaml").read_text(),
+        (ROOT / "deploy" / "grafana" / "gpuscale-dashboard.json").read_text(),
+    ]
+    for text in texts:
+        for name in set(re.findall(r"\bgpuscale_\w+\b(?!\*)", text)):
+            base = next((name.removesuffix(s) for s in suffixes if name.endswith(s)), name)
+            assert name in exported or base in exported, name
