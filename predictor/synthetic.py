@@ -27,9 +27,9 @@ from typing import Literal
 
 import numpy as np
 import pandas as pd
-import yaml
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
+from pydantic import BaseModel, ConfigDict, Field, model_validator
 
+from predictor.config_files import FieldError, load_model
 from predictor.errors import InputError
 from predictor.loaders import DemandTrace
 
@@ -164,14 +164,6 @@ class WorkloadConfig(BaseModel):
         return self
 
 
-class FieldError(ValueError):
-    """A check across fields that still names the field at fault."""
-
-    def __init__(self, field: str, message: str) -> None:
-        super().__init__(message)
-        self.field = field
-
-
 @dataclass(frozen=True)
 class PoolSpec:
     """A generated pool (the fields of `scaler.pools.NodePool`)."""
@@ -226,27 +218,7 @@ def default_config_path() -> Path:
 def load_config(path: str | Path | None = None) -> WorkloadConfig:
     """Read and validate a YAML workload config (the default when `path` is None); errors
     name the file and the field, e.g. `pools.0.max_size`."""
-    file = default_config_path() if path is None else Path(path).expanduser()
-    try:
-        data = yaml.safe_load(file.read_text(encoding="utf-8"))
-    except FileNotFoundError:
-        raise InputError("file not found", path=file) from None
-    except OSError as exc:
-        raise InputError(f"cannot read: {exc.strerror}", path=file) from None
-    except yaml.YAMLError as exc:
-        mark = getattr(exc, "problem_mark", None)
-        line = None if mark is None else mark.line + 1
-        raise InputError(f"not valid YAML: {exc}", path=file, line=line) from None
-    try:
-        return WorkloadConfig.model_validate(data)
-    except ValidationError as exc:
-        first = exc.errors()[0]
-        cause = first.get("ctx", {}).get("error")
-        if isinstance(cause, FieldError):
-            raise InputError(str(cause), path=file, column=cause.field) from None
-        field = ".".join(str(part) for part in first["loc"]) or None
-        message = first["msg"].removeprefix("Value error, ")
-        raise InputError(message, path=file, column=field) from None
+    return load_model(WorkloadConfig, default_config_path() if path is None else path)
 
 
 def generate(config: WorkloadConfig, seed: int, days: float | None = None) -> SyntheticWorkload:

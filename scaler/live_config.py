@@ -27,19 +27,18 @@ from __future__ import annotations
 import re
 import socket
 from pathlib import Path
-from typing import Any, Literal
+from typing import Literal
 
-import yaml
 from pydantic import (
     BaseModel,
     ConfigDict,
     Field,
     SecretStr,
-    ValidationError,
     model_validator,
 )
 from pydantic_settings import BaseSettings, PydanticBaseSettingsSource, SettingsConfigDict
 
+from predictor.config_files import load_model
 from predictor.errors import InputError
 from predictor.telemetry.config import KubernetesSettings
 from scaler.kube.placeholders import PlaceholderSettings
@@ -282,44 +281,4 @@ class LiveConfig(BaseSettings):
 
 def load_live_config(path: Path) -> LiveConfig:
     """Read and validate a config file; errors name the file, the line and the field."""
-    try:
-        text = path.read_text()
-        raw: Any = yaml.safe_load(text) or {}
-    except OSError as exc:
-        raise InputError(f"cannot read config: {exc.strerror}", path=path) from None
-    except yaml.YAMLError as exc:
-        mark = getattr(exc, "problem_mark", None)
-        line = mark.line + 1 if mark is not None else None
-        raise InputError(f"not valid YAML: {exc}", path=path, line=line) from None
-    if not isinstance(raw, dict):
-        raise InputError("config must be a mapping of settings", path=path)
-    try:
-        return LiveConfig(**raw)
-    except ValidationError as exc:
-        errors = exc.errors()
-        loc = tuple(errors[0]["loc"])
-        field = ".".join(str(part) for part in loc) or None
-        more = f" (and {len(errors) - 1} more)" if len(errors) > 1 else ""
-        raise InputError(
-            f"{errors[0]['msg']}{more}", path=path, line=_line_of(text, loc), column=field
-        ) from None
-
-
-def _line_of(text: str, loc: tuple[Any, ...]) -> int | None:
-    """1-based line of the YAML node at `loc`, or of its deepest ancestor present."""
-    node: Any = yaml.compose(text)
-    line = None
-    for part in loc:
-        if isinstance(node, yaml.MappingNode):
-            found = [v for k, v in node.value if k.value == str(part)]
-            if not found:
-                break
-            node = found[0]
-        elif isinstance(node, yaml.SequenceNode) and isinstance(part, int):
-            if part >= len(node.value):
-                break
-            node = node.value[part]
-        else:
-            break
-        line = node.start_mark.line + 1
-    return line
+    return load_model(LiveConfig, path)

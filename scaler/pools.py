@@ -13,7 +13,7 @@ from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
-from scaler.config_files import read_yaml, validated
+from predictor.config_files import read_yaml, validated
 
 CapacityType = Literal["on-demand", "spot"]
 
@@ -77,14 +77,17 @@ class PoolSet(BaseModel):
         return {pool.name: pool for pool in self.pools}
 
 
-def parse_pools(data: object, *, source: str | Path | None = None) -> tuple[NodePool, ...]:
+def parse_pools(
+    data: object, *, source: str | Path | None = None, text: str | None = None
+) -> tuple[NodePool, ...]:
     """Validate a mapping `{pools: [...]}` (or a bare list of pools); errors name the field,
-    for example `pools.1.max_size`."""
+    for example `pools.1.max_size`, and its line when `text` is the YAML it came from."""
     if isinstance(data, list):
         data = {"pools": data}
-    return validated(PoolSet, data, source).pools
+    return validated(PoolSet, data, source, text).pools
 
 
 def load_pools(path: str | Path) -> tuple[NodePool, ...]:
     """Read pools from a YAML file."""
-    return parse_pools(read_yaml(path), source=path)
+    document = read_yaml(path)
+    return parse_pools(document.data, source=document.path, text=document.text)

@@ -10,13 +10,11 @@ from __future__ import annotations
 
 import socket
 from pathlib import Path
-from typing import Any
 
-import yaml
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
+from pydantic import BaseModel, ConfigDict, Field, field_validator
 from pydantic_settings import BaseSettings, PydanticBaseSettingsSource, SettingsConfigDict
 
-from predictor.errors import InputError
+from predictor.config_files import load_model
 from predictor.telemetry.sources import RetryPolicy
 
 # DCGM exporter series carry pod labels that come and go with the pods on a GPU; keeping
@@ -152,44 +150,4 @@ class CollectorConfig(BaseSettings):
 def load_config(path: Path) -> CollectorConfig:
     """Read and validate a collector config file; errors name the file, the line and the
     field."""
-    try:
-        text = path.read_text()
-        raw: Any = yaml.safe_load(text) or {}
-    except OSError as exc:
-        raise InputError(f"cannot read config: {exc.strerror}", path=path) from exc
-    except yaml.YAMLError as exc:
-        mark = getattr(exc, "problem_mark", None)
-        line = mark.line + 1 if mark is not None else None
-        raise InputError(f"not valid YAML: {exc}", path=path, line=line) from exc
-    if not isinstance(raw, dict):
-        raise InputError("config must be a mapping of settings", path=path)
-    try:
-        return CollectorConfig(**raw)
-    except ValidationError as exc:
-        errors = exc.errors()
-        loc = errors[0]["loc"]
-        field = ".".join(str(part) for part in loc)
-        more = f" (and {len(errors) - 1} more)" if len(errors) > 1 else ""
-        message = f"{field}: {errors[0]['msg']}{more}"
-        raise InputError(message, path=path, line=_line_of(text, loc)) from exc
-
-
-def _line_of(text: str, loc: tuple[Any, ...]) -> int | None:
-    """1-based line of the YAML node at `loc`, or of its deepest ancestor present (a
-    missing field is reported where its section is)."""
-    node: Any = yaml.compose(text)
-    line = None
-    for part in loc:
-        if isinstance(node, yaml.MappingNode):
-            found = [v for k, v in node.value if k.value == str(part)]
-            if not found:
-                break
-            node = found[0]
-        elif isinstance(node, yaml.SequenceNode) and isinstance(part, int):
-            if part >= len(node.value):
-                break
-            node = node.value[part]
-        else:
-            break
-        line = node.start_mark.line + 1
-    return line
+    return load_model(CollectorConfig, path)

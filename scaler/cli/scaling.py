@@ -333,18 +333,19 @@ def plan_command(
 def _load_policy(
     path: Path | None, mode: str | None, target_shortage: float | None
 ) -> PlannerPolicy:
+    from predictor.config_files import read_yaml, validated
     from predictor.errors import InputError
-    from scaler.config_files import read_yaml, validated
     from scaler.planner import PlannerPolicy
 
-    data = {} if path is None else read_yaml(path) or {}
+    document = None if path is None else read_yaml(path)
+    data = {} if document is None else document.data or {}
     if not isinstance(data, dict):
         raise InputError("a policy is a mapping of PlannerPolicy fields", path=path)
     if mode is not None:
         data["mode"] = mode
     if target_shortage is not None:
         data["target_shortage"] = target_shortage
-    return validated(PlannerPolicy, data, path)
+    return validated(PlannerPolicy, data, path, None if document is None else document.text)
 
 
 def _pairs(items: list[str], option: str, cast: type) -> dict[str, object]:
