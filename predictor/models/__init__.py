@@ -9,7 +9,10 @@
 - `empirical`: the last value plus empirical quantiles of training h-step changes (the
   benchmark's baseline);
 - `torch`: a global PyTorch quantile network (needs torch, imported when built);
-- `torch-conformal`: the `gpuscale` calibration around that network.
+- `torch-conformal`: the `gpuscale` calibration around that network;
+- `selected`: per series, horizon and level, the best combination of other models on a
+  validation tail of the training window;
+- `sharded`: one model per shard of series, fitted on a Dask cluster when given one.
 """
 
 from __future__ import annotations
@@ -21,6 +24,8 @@ from predictor.forecast import Forecaster
 from predictor.models.baselines import EmpiricalChange, Persistence, SeasonalNaive
 from predictor.models.conformal import ConformalBoost
 from predictor.models.lgbm import BoostParams, QuantileBoost
+from predictor.models.selection import Selected
+from predictor.models.sharded import Sharded
 from predictor.models.torch_model import ConformalTorch, NetParams, TorchQuantile
 
 DEFAULT_MODEL = "gpuscale"
@@ -33,16 +38,23 @@ _BUILDERS: dict[str, Callable[..., Forecaster]] = {
     "empirical": EmpiricalChange,
     "torch": TorchQuantile,
     "torch-conformal": ConformalTorch,
+    "selected": Selected,
+    "sharded": Sharded,
 }
 MODEL_NAMES: tuple[str, ...] = tuple(_BUILDERS)
 
 
-def build(name: str, **params: object) -> Forecaster:
-    """A new, unfitted model. `params` are the model's keyword arguments (e.g. `horizons`)."""
+def builder_of(name: str) -> Callable[..., Forecaster]:
+    """The class (or function) that `build(name)` calls."""
     try:
-        builder = _BUILDERS[name]
+        return _BUILDERS[name]
     except KeyError:
         raise InputError(f"unknown model {name!r} (known: {', '.join(MODEL_NAMES)})") from None
+
+
+def build(name: str, **params: object) -> Forecaster:
+    """A new, unfitted model. `params` are the model's keyword arguments (e.g. `horizons`)."""
+    builder = builder_of(name)
     try:
         return builder(**params)
     except TypeError as exc:
@@ -60,6 +72,9 @@ __all__ = [
     "Persistence",
     "QuantileBoost",
     "SeasonalNaive",
+    "Selected",
+    "Sharded",
     "TorchQuantile",
     "build",
+    "builder_of",
 ]

@@ -204,14 +204,56 @@ def models_list(registry: RegistryOption = Path("models"), as_json: JsonOption =
 def models_show(
     reference: Annotated[str, typer.Argument(help="NAME or NAME:VERSION (default: latest).")],
     registry: RegistryOption = Path("models"),
+    selection: Annotated[
+        bool,
+        typer.Option(
+            "--selection",
+            help="Print only a `selected` model's choice per series, horizon and level"
+            " (weights and validation pinball of every candidate) as a table.",
+        ),
+    ] = False,
 ) -> None:
     """Print one version's metadata (training window, features, settings, backtest scores,
-    decision, library versions, artifact checksum) as JSON."""
+    decision, library versions, artifact checksum) as JSON.
+
+    For a `selected` model the settings hold its choice per series, horizon and level:
+    the weight of each candidate and the validation pinball losses behind it
+    (--selection prints them as a table).
+    """
     from predictor.registry import ModelRegistry, parse_reference
 
     name, version = parse_reference(reference)
     record = ModelRegistry(registry).record(name, version)
+    if selection:
+        _print_selection(record)
+        return
     typer.echo(json.dumps(record.metadata, indent=2))
+
+
+def _print_selection(record: Any) -> None:
+    from rich.console import Console
+    from rich.table import Table
+
+    from predictor.errors import InputError
+
+    chosen = (record.metadata.get("settings") or {}).get("selection")
+    if chosen is None:
+        raise InputError(f"{record.name}:{record.version} is not a selected model")
+    candidates = record.metadata["settings"]["candidates"]
+    table = Table(title=f"{record.name} v{record.version}: choice on the validation tail")
+    for column in ("series", "horizon", "level", "weights", *candidates, "chosen"):
+        table.add_column(column, justify="left" if column in ("series", "weights") else "right")
+    for c in chosen:
+        weights = ", ".join(f"{n} {w:g}" for n, w in c["weights"].items())
+        scores = c["pinball"] or {}
+        table.add_row(
+            "(unseen series)" if c["series"] == "*" else c["series"],
+            str(c["horizon"]),
+            f"{c['level']:g}",
+            weights,
+            *(f"{scores[n]:.4g}" if n in scores else "" for n in (*candidates, "chosen")),
+        )
+    Console().print(table)
 
 
 def models_promote(
