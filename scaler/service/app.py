@@ -56,6 +56,12 @@ def create_app(config: LiveConfig, system: LiveSystem | None = None) -> FastAPI:
         version="0.1.0",
         description=DESCRIPTION,
         max_body_size=config.service.max_body_bytes,
+        # Answers any route can give, declared so clients (and schemathesis) know them.
+        responses={
+            400: {"description": "the body is not JSON"},
+            413: {"description": "the body is larger than service.max_body_bytes"},
+            503: {"description": "the cloud provider or the Kubernetes API cannot be reached"},
+        },
     )
     app.state.context = ServiceContext(
         config=config,

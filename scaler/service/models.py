@@ -126,6 +126,12 @@ class Unplaceable(BaseModel):
     reason: str
 
 
+class UnplaceableAnswer(BaseModel):
+    """The 409 body: FastAPI's error envelope around why the job cannot be placed."""
+
+    detail: Unplaceable
+
+
 class ReleaseResponse(BaseModel):
     job_id: str
     node: str

@@ -33,7 +33,12 @@ def prioritize_nodes(args: ExtenderArgs, ctx: Context) -> list[HostPriority]:
     return scores
 
 
-@router.post("/bind", response_model=ExtenderBindingResult, dependencies=[BindAuthorized])
+@router.post(
+    "/bind",
+    response_model=ExtenderBindingResult,
+    dependencies=[BindAuthorized],
+    responses={401: {"description": "no bearer token, or not the service's"}},
+)
 def bind_pod(args: ExtenderBindingArgs, ctx: Context) -> ExtenderBindingResult:
     """ExtenderBindingArgs in, ExtenderBindingResult out: GPUs chosen, pod bound."""
     result = ctx.extender.bind(args)

@@ -6,9 +6,19 @@ from fastapi import APIRouter, HTTPException, status
 
 from scaler.placement import Placement
 from scaler.service.context import Authorized, Context
-from scaler.service.models import JobRequest, PlacementResponse, ReleaseResponse, Unplaceable
+from scaler.service.models import (
+    JobRequest,
+    PlacementResponse,
+    ReleaseResponse,
+    Unplaceable,
+    UnplaceableAnswer,
+)
 
-router = APIRouter(prefix="/v1/placements", tags=["placements"])
+router = APIRouter(
+    prefix="/v1/placements",
+    tags=["placements"],
+    responses={401: {"description": "no bearer token, or not the service's"}},
+)
 
 
 @router.post(
@@ -17,7 +27,7 @@ router = APIRouter(prefix="/v1/placements", tags=["placements"])
     status_code=status.HTTP_201_CREATED,
     dependencies=[Authorized],
     responses={
-        409: {"model": Unplaceable, "description": "no node can take the job now"},
+        409: {"model": UnplaceableAnswer, "description": "no node can take the job now"},
         422: {"description": "the request is malformed (the field is named)"},
     },
 )
@@ -41,7 +51,12 @@ def create_placement(request: JobRequest, ctx: Context) -> PlacementResponse:
     )
 
 
-@router.delete("/{job_id:path}", response_model=ReleaseResponse, dependencies=[Authorized])
+@router.delete(
+    "/{job_id:path}",
+    response_model=ReleaseResponse,
+    dependencies=[Authorized],
+    responses={404: {"description": "no job of that id is placed"}},
+)
 def delete_placement(job_id: str, ctx: Context) -> ReleaseResponse:
     """Release a job's node and GPUs (it finished or was moved)."""
     released = ctx.cluster.release(job_id)
