@@ -67,11 +67,20 @@ def train(
     horizons: Sequence[int] = HORIZONS,
     params: dict[str, Any] | None = None,
     on_step: Callable[[str], None] | None = None,
+    dask_scheduler: str | None = None,
+    shards: int = 4,
 ) -> TrainedModel:
-    """Backtest `model_name` on the sources' test windows, then fit it on all history."""
+    """Backtest `model_name` on the sources' test windows, then fit it on all history.
+
+    With `dask_scheduler`, every fit is one model per shard of series (`shards`), fitted
+    on that Dask cluster (see `models.sharded`)."""
     params = params or {}
 
     def make() -> Forecaster:
+        if dask_scheduler is not None:
+            return build(
+                "sharded", model=model_name, shards=shards, scheduler=dask_scheduler, params=params
+            )
         return build(model_name, **params)
 
     make()  # an unknown name or bad parameter fails before any work
@@ -102,6 +111,7 @@ def train(
         "step": str(STEP),
         "sources": [f"{s.kind}:{s.path}" for s in sources],
         "fit_seconds": round(fit_seconds, 3),
+        "dask": None if dask_scheduler is None else {"scheduler": dask_scheduler, "shards": shards},
         "backtest": {
             "test_windows": windows,
             "horizons": list(horizons),
@@ -120,9 +130,18 @@ def train_and_register(
     *,
     horizons: Sequence[int] = HORIZONS,
     on_step: Callable[[str], None] | None = None,
+    dask_scheduler: str | None = None,
+    shards: int = 4,
 ) -> ModelRecord:
     """`train`, then store the model as the next version of `name` (nothing is written if
     anything before fails)."""
     check_name(name)
-    trained = train(sources, model_name, horizons=horizons, on_step=on_step)
+    trained = train(
+        sources,
+        model_name,
+        horizons=horizons,
+        on_step=on_step,
+        dask_scheduler=dask_scheduler,
+        shards=shards,
+    )
     return registry.save(name, trained.model, trained.metadata)

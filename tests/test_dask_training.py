@@ -4,6 +4,7 @@ model trained in one process."""
 
 from __future__ import annotations
 
+import json
 import time
 
 import numpy as np
@@ -80,3 +81,27 @@ def test_sharded_training_on_two_workers_matches_one_process(cluster) -> None:
     global_loss = mean_pinball(whole, history, start)
     print(f"mean pinball p90/p99 at 30 min: dask {dask_loss:.4f}, one process {global_loss:.4f}")
     assert abs(dask_loss - global_loss) <= 0.02 * global_loss
+
+
+def test_train_command_fits_on_the_dask_scheduler(cluster, tmp_path) -> None:
+    from typer.testing import CliRunner
+
+    from scaler.cli import app
+
+    path = tmp_path / "pools.csv"
+    pools = generated().query("unique_id < 'pool-006'")
+    pools.set_axis(["series_id", "timestamp", "value"], axis=1).to_csv(path, index=False)
+    registry = tmp_path / "models"
+    result = CliRunner().invoke(
+        app,
+        ["train", "--trace", f"series:{path}", "--model", "empirical", "--name", "pools",
+         "--registry", str(registry), "--dask-scheduler", cluster.scheduler_address,
+         "--shards", "2", "--json"],
+    )  # fmt: skip
+    assert result.exit_code == 0, result.output
+    meta = json.loads(result.output)
+    assert meta["dask"] == {"scheduler": cluster.scheduler_address, "shards": 2}
+    assert meta["settings"]["model"] == "empirical" and len(meta["series"]) == 6
+    shown = CliRunner().invoke(app, ["forecast", "--model", "pools", "--trace", f"series:{path}",
+                                     "--registry", str(registry), "--json"])  # fmt: skip
+    assert shown.exit_code == 0, shown.output

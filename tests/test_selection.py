@@ -3,6 +3,8 @@ a single candidate there, and the forecast is exactly the chosen combination."""
 
 from __future__ import annotations
 
+import json
+
 import numpy as np
 import pandas as pd
 import pytest
@@ -70,3 +72,28 @@ def test_bad_candidates_are_input_errors() -> None:
         build("selected", candidates=("selected",))
     with pytest.raises(InputError, match="distinct"):
         build("selected", candidates=("empirical", "empirical"))
+
+
+def test_models_show_prints_the_choice(history: pd.DataFrame, tmp_path) -> None:
+    from typer.testing import CliRunner
+
+    from predictor.loaders import DemandTrace
+    from predictor.registry import ModelRegistry
+    from predictor.training import train
+    from scaler.cli import app
+
+    source = DemandTrace.from_frame(history, kind="series", unit="gpus", split=None)
+    trained = train([source], "selected", params={"candidates": CANDIDATES, "horizons": (1, 3)})
+    registry = tmp_path / "models"
+    ModelRegistry(registry).save("picked", trained.model, trained.metadata)
+    chosen = trained.metadata["settings"]["selection"]
+    assert {c["horizon"] for c in chosen} == {1, 3}
+    result = CliRunner().invoke(
+        app,
+        ["models", "show", "picked", "--selection", "--registry", str(registry)],
+        env={"COLUMNS": "200"},
+    )
+    assert result.exit_code == 0, result.output
+    assert "unseen series" in result.output and "seasonal-naive" in result.output
+    plain = CliRunner().invoke(app, ["models", "show", "picked", "--registry", str(registry)])
+    assert json.loads(plain.output)["settings"]["candidates"] == list(CANDIDATES)

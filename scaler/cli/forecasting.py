@@ -57,6 +57,17 @@ def train_command(
     json_out: Annotated[
         bool, typer.Option("--json", help="Print the stored version's metadata as JSON.")
     ] = False,
+    dask_scheduler: Annotated[
+        str | None,
+        typer.Option(
+            "--dask-scheduler",
+            help="Fit on this Dask cluster (e.g. tcp://host:8786): one model per shard of"
+            " series, the shards spread over its workers (needs dask.distributed).",
+        ),
+    ] = None,
+    shards: Annotated[
+        int, typer.Option("--shards", min=1, help="Shards of series with --dask-scheduler.")
+    ] = 4,
 ) -> None:
     """Fit a forecasting model and store it as a new version in the registry.
 
@@ -66,7 +77,8 @@ def train_command(
     for the store, the last 25% of its history is the test window); it is then refitted on
     all the history and stored with its metadata: training window, series, features,
     quantiles, horizons, backtest scores and library versions. Nothing is written when
-    any step fails.
+    any step fails. With --dask-scheduler every fit is spread over a Dask cluster, one
+    model per shard of series.
     """
     from rich.console import Console
     from rich.progress import Progress
@@ -87,6 +99,8 @@ def train_command(
             sources,
             model,
             on_step=lambda what: progress.update(task, description=f"{model}: {what}"),
+            dask_scheduler=dask_scheduler,
+            shards=shards,
         )
     if json_out:
         typer.echo(json.dumps(record.metadata, indent=2, default=str))
@@ -238,7 +252,8 @@ def bench_forecast(
 
     def make(n: str):
         # our model trains the horizons it is scored on (interpolation is for the others)
-        return lambda: build(n, horizons=horizons) if n in ("gpuscale", "lightgbm") else build(n)
+        trains = ("gpuscale", "lightgbm", "torch", "torch-conformal", "selected")
+        return lambda: build(n, horizons=horizons) if n in trains else build(n)
 
     rows: list[dict[str, object]] = []
     console = Console(stderr=True)
