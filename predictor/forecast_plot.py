@@ -3,12 +3,11 @@
 
 from __future__ import annotations
 
-import os
-import tempfile
 from pathlib import Path
 
 import pandas as pd
 
+from predictor.atomic_files import write_file
 from predictor.forecast import DemandForecast, quantile_column
 
 MAX_PANELS = 8
@@ -73,13 +72,7 @@ def plot_forecasts(
         ax.legend(loc="upper left", fontsize=7)
     fig.suptitle(title)
     fig.tight_layout()
-    path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    handle, temp = tempfile.mkstemp(prefix=f".{path.stem}.", suffix=".png", dir=path.parent)
-    os.close(handle)
     try:
-        fig.savefig(temp, dpi=110)
-        os.replace(temp, path)
+        write_file(Path(path), lambda temp: fig.savefig(temp, dpi=110, format="png"))
     finally:
         plt.close(fig)
-        Path(temp).unlink(missing_ok=True)

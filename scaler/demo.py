@@ -12,14 +12,13 @@ from __future__ import annotations
 import dataclasses
 import html
 import json
-import os
-import tempfile
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
 import pandas as pd
 
+from predictor.atomic_files import write_text
 from predictor.registry import ModelRegistry
 from predictor.store import TelemetryStore
 from predictor.synthetic import SyntheticWorkload, generate, load_config
@@ -196,9 +195,9 @@ def _write_report(
         "",
     ]
     markdown = "\n".join(lines)
-    _write_text(out / "report.md", markdown)
-    _write_text(out / "report.html", _as_html(markdown))
-    _write_text(out / "figures.json", json.dumps(figures, indent=2, default=str))
+    write_text(out / "report.md", markdown)
+    write_text(out / "report.html", _as_html(markdown))
+    write_text(out / "figures.json", json.dumps(figures, indent=2, default=str))
     return out / "report.md"
 
 
@@ -234,11 +233,3 @@ def _as_html(markdown: str) -> str:
         body.append("</table>")
     style = "body{font-family:sans-serif;max-width:60em;margin:2em auto}td,th{padding:.3em .8em}"
     return f"<!doctype html><title>gpuscale demo</title><style>{style}</style>\n" + "\n".join(body)
-
-
-def _write_text(path: Path, text: str) -> None:
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.")
-    with os.fdopen(fd, "w", encoding="utf-8") as handle:
-        handle.write(text)
-    os.chmod(tmp, 0o644)
-    os.replace(tmp, path)

@@ -11,6 +11,7 @@ from types import ModuleType
 import numpy as np
 import pandas as pd
 
+from predictor.atomic_files import write_file
 from scaler.replay import ReplayOutcome
 from scaler.simulator import WorkloadComparison
 
@@ -56,9 +57,7 @@ def fleet_plot(outcomes: Sequence[ReplayOutcome], path: Path) -> Path:
     top.legend(loc="upper left", ncol=3, fontsize=8)
     bottom.set_ylabel("nodes short")
     bottom.legend(loc="upper left", ncol=4, fontsize=8)
-    fig.savefig(path, dpi=120)
-    plt.close(fig)
-    return path
+    return _save(plt, fig, path, 120)
 
 
 def frontier_plot(
@@ -93,9 +92,7 @@ def frontier_plot(
     ax.set_title(f"{first.series.series}: cost against shortage (L = {first.lag})")
     ax.grid(alpha=0.3)
     ax.legend(fontsize=8)
-    fig.savefig(path, dpi=120)
-    plt.close(fig)
-    return path
+    return _save(plt, fig, path, 120)
 
 
 def jobs_plot(comparison: WorkloadComparison, path: Path) -> Path:
@@ -144,10 +141,15 @@ def jobs_plot(comparison: WorkloadComparison, path: Path) -> Path:
     waits.set_xlabel("wait for capacity (minutes)")
     waits.set_ylabel("share of jobs")
     waits.legend(fontsize=8)
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
-    return path
+    return _save(plt, fig, path, 110)
 
 
 def _gpn(comparison: WorkloadComparison, pool: str) -> int:
     return comparison.gpus_per_node[pool]
+
+
+def _save(plt: ModuleType, fig: object, path: Path, dpi: int) -> Path:
+    try:
+        return write_file(path, lambda temp: fig.savefig(temp, dpi=dpi, format="png"))
+    finally:
+        plt.close(fig)

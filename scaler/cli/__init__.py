@@ -12,6 +12,7 @@ import typer
 
 from predictor.errors import InputError
 from scaler.cli import data, demo, forecasting, live, models, placing, scaling, telemetry
+from scaler.cli.output import prose
 
 app = typer.Typer(
     name="gpuscale",
@@ -28,6 +29,19 @@ app.add_typer(bench, name="bench")
 
 for module in (data, forecasting, scaling, placing, live, demo, telemetry, models):
     module.register(app, bench)
+
+
+def _help_from_docstrings(group: typer.Typer) -> None:
+    """Commands are documented by their docstrings; unwrap them once, here, for all."""
+    for info in group.registered_commands:
+        if info.help is None and info.callback is not None:
+            info.help = prose(info.callback.__doc__)
+    for sub in group.registered_groups:
+        if sub.typer_instance is not None:
+            _help_from_docstrings(sub.typer_instance)
+
+
+_help_from_docstrings(app)
 
 
 def main() -> None:

@@ -2,28 +2,27 @@
 
 from __future__ import annotations
 
-import inspect
 import json
-import os
-import tempfile
 from collections.abc import Callable
 from pathlib import Path
 from typing import Annotated
 
 import typer
 
+from predictor.atomic_files import write_files
+
 STATE_DIR_HELP = "State directory holding the telemetry store (created if missing)."
 
 
 def register(app: typer.Typer, bench: typer.Typer) -> None:
     """Add this module's commands to the app and the bench group."""
-    app.command("generate", help=_prose(generate.__doc__))(generate)
+    app.command("generate")(generate)
     store = typer.Typer(
         help="The embedded telemetry store: import traces, show what it holds.",
         no_args_is_help=True,
     )
-    store.command("import", help=_prose(store_import.__doc__))(store_import)
-    store.command("show", help=_prose(store_show.__doc__))(store_show)
+    store.command("import")(store_import)
+    store.command("show")(store_show)
     app.add_typer(store, name="store")
 
 
@@ -64,7 +63,7 @@ def generate(
             yaml.safe_dump(pools_document(workload.pools), sort_keys=False), encoding="utf-8"
         ),
     }
-    _write_all(out, writers)
+    write_files(out, writers)
     by_pool = workload.demand.groupby("unique_id")["y"]
     summary = {
         "out": str(out),
@@ -235,30 +234,3 @@ def store_show(
     console.print(f"{len(gaps)} recorded gap(s)")
     for row in gaps.itertuples():
         console.print(f"  {row.source}: {row.start} to {row.end} ({row.reason})")
-
-
-def _prose(doc: str | None) -> str:
-    """A docstring as help text: paragraphs kept, the hard line wraps inside them removed
-    (Typer's rich help would print them as they stand)."""
-    paragraphs = inspect.cleandoc(doc or "").split("\n\n")
-    return "\n\n".join(" ".join(p.split()) for p in paragraphs)
-
-
-def _write_all(out: Path, writers: dict[str, Callable[[Path], None]]) -> None:
-    """Write every file to a temporary name first, then move all into place: a failure
-    while writing leaves the old files untouched and no temporary files behind."""
-    staged: dict[str, Path] = {}
-    umask = os.umask(0)
-    os.umask(umask)
-    try:
-        for name, write in writers.items():
-            handle, temp = tempfile.mkstemp(prefix=f".{name}.", dir=out)
-            os.close(handle)
-            staged[name] = Path(temp)
-            write(staged[name])
-            os.chmod(temp, 0o666 & ~umask)  # mkstemp makes 0600; the result is an ordinary file
-        for name, temp in staged.items():
-            os.replace(temp, out / name)
-    finally:
-        for temp in staged.values():
-            temp.unlink(missing_ok=True)

@@ -3,13 +3,13 @@
 from __future__ import annotations
 
 import json
-import math
 from pathlib import Path
 from typing import Annotated
 
 import typer
 
-from scaler.cli.data import _prose, _write_all
+from predictor.atomic_files import write_text
+from scaler.cli.output import jsonable
 
 TraceOption = Annotated[
     list[str] | None,
@@ -38,9 +38,9 @@ BENCH_MODELS = ("gpuscale", "lightgbm", "empirical", "persistence", "seasonal-na
 
 def register(app: typer.Typer, bench: typer.Typer) -> None:
     """Add this module's commands to the app and the bench group."""
-    app.command("train", help=_prose(train_command.__doc__))(train_command)
-    app.command("forecast", help=_prose(forecast_command.__doc__))(forecast_command)
-    bench.command("forecast", help=_prose(bench_forecast.__doc__))(bench_forecast)
+    app.command("train")(train_command)
+    app.command("forecast")(forecast_command)
+    bench.command("forecast")(bench_forecast)
 
 
 def train_command(
@@ -273,15 +273,9 @@ def bench_forecast(
     _print_rows(rows, summary)
     if json_out is not None:
         document = {"suite": "forecast", "rows": rows, "summary": summary}
-        text = json.dumps(document, indent=2, default=_jsonable)
+        text = json.dumps(document, indent=2, default=jsonable)
         json_out.parent.mkdir(parents=True, exist_ok=True)
-        _write_all(json_out.parent, {json_out.name: lambda p: p.write_text(text)})
-
-
-def _jsonable(value: object) -> object:
-    if isinstance(value, float) and math.isnan(value):
-        return None
-    return str(value)
+        write_text(json_out, text)
 
 
 def _ratio(value: object, reference: object) -> str:

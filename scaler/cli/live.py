@@ -19,7 +19,6 @@ from typing import TYPE_CHECKING, Annotated
 
 import typer
 
-from scaler.cli.data import _prose
 
 if TYPE_CHECKING:
     from scaler.reconcile import PassOutcome
@@ -33,8 +32,8 @@ CONFIG_HELP = (
 
 def register(app: typer.Typer, bench: typer.Typer) -> None:
     """Add this module's commands to the app."""
-    app.command("scale", help=_prose(scale.__doc__))(scale)
-    app.command("serve", help=_prose(serve.__doc__))(serve)
+    app.command("scale")(scale)
+    app.command("serve")(serve)
 
 
 def scale(

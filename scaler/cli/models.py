@@ -3,7 +3,6 @@ and backtest-gated retraining from the telemetry store."""
 
 from __future__ import annotations
 
-import inspect
 import json
 from pathlib import Path
 from typing import Annotated, Any
@@ -21,15 +20,15 @@ JsonOption = Annotated[bool, typer.Option("--json", help="Print as JSON.")]
 
 def register(app: typer.Typer, bench: typer.Typer) -> None:
     """Add this module's commands to the app and the bench group."""
-    app.command("retrain", help=_prose(retrain.__doc__))(retrain)
+    app.command("retrain")(retrain)
     models = typer.Typer(
         help="The model registry: list and inspect versions, promote one, roll back.",
         no_args_is_help=True,
     )
-    models.command("list", help=_prose(models_list.__doc__))(models_list)
-    models.command("show", help=_prose(models_show.__doc__))(models_show)
-    models.command("promote", help=_prose(models_promote.__doc__))(models_promote)
-    models.command("rollback", help=_prose(models_rollback.__doc__))(models_rollback)
+    models.command("list")(models_list)
+    models.command("show")(models_show)
+    models.command("promote")(models_promote)
+    models.command("rollback")(models_rollback)
     app.add_typer(models, name="models")
 
 
@@ -294,9 +293,3 @@ def _say(record: Any, as_json: bool) -> None:
         typer.echo(json.dumps(document, indent=2))
     else:
         typer.echo(f"{record.name} now serves version {record.version} ({decision['reason']})")
-
-
-def _prose(doc: str | None) -> str:
-    """A docstring as help text, its paragraphs unwrapped (Typer prints them as written)."""
-    paragraphs = inspect.cleandoc(doc or "").split("\n\n")
-    return "\n\n".join(" ".join(p.split()) for p in paragraphs)

@@ -3,13 +3,13 @@
 from __future__ import annotations
 
 import json
-import os
 import shutil
-import tempfile
 from pathlib import Path
 from typing import TYPE_CHECKING, Annotated
 
 import typer
+
+from predictor.atomic_files import write_file, write_text
 
 if TYPE_CHECKING:
     from rich.table import Table
@@ -113,7 +113,7 @@ def register(app: typer.Typer, bench: typer.Typer) -> None:
             console.print(line)
         if json_out is not None:
             rows = [r.row() for r in results]
-            _write_atomic(json_out, json.dumps({"suite": "placement", "rows": rows}, indent=1))
+            write_text(json_out, json.dumps({"suite": "placement", "rows": rows}, indent=1))
             console.print(f"wrote {len(rows)} rows to {json_out}")
         if plot is not None:
             plot_curves(results, plot)
@@ -243,11 +243,10 @@ def plot_curves(results: list[ExperimentResult], path: Path) -> None:
         ax.set_visible(False)
     axes.flat[0].legend(fontsize=8)
     fig.tight_layout()
-    path.parent.mkdir(parents=True, exist_ok=True)
-    with tempfile.NamedTemporaryFile(dir=path.parent, suffix=".png", delete=False) as tmp:
-        fig.savefig(tmp.name, dpi=110)
-    plt.close(fig)
-    os.replace(tmp.name, path)
+    try:
+        write_file(path, lambda temp: fig.savefig(temp, dpi=110, format="png"))
+    finally:
+        plt.close(fig)
 
 
 def _grouped(results: list[ExperimentResult]) -> dict[tuple[str, str], list[ExperimentResult]]:
@@ -255,10 +254,3 @@ def _grouped(results: list[ExperimentResult]) -> dict[tuple[str, str], list[Expe
     for r in results:
         groups.setdefault((r.experiment.workload, r.experiment.policy), []).append(r)
     return groups
-
-
-def _write_atomic(path: Path, text: str) -> None:
-    path.parent.mkdir(parents=True, exist_ok=True)
-    with tempfile.NamedTemporaryFile("w", dir=path.parent, suffix=".tmp", delete=False) as tmp:
-        tmp.write(text)
-    os.replace(tmp.name, path)

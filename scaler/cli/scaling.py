@@ -10,7 +10,8 @@ from typing import TYPE_CHECKING, Annotated
 
 import typer
 
-from scaler.cli.data import _prose, _write_all
+from predictor.atomic_files import write_text
+from scaler.cli.output import jsonable
 
 if TYPE_CHECKING:
     import pandas as pd
@@ -23,9 +24,9 @@ DEFAULT_MODEL = "gpuscale"
 
 def register(app: typer.Typer, bench: typer.Typer) -> None:
     """Add this module's commands to the app and the bench group."""
-    bench.command("scaling", help=_prose(bench_scaling.__doc__))(bench_scaling)
-    app.command("plan", help=_prose(plan_command.__doc__))(plan_command)
-    app.command("simulate", help=_prose(simulate.__doc__))(simulate)
+    bench.command("scaling")(bench_scaling)
+    app.command("plan")(plan_command)
+    app.command("simulate")(simulate)
 
 
 def bench_scaling(
@@ -132,9 +133,9 @@ def bench_scaling(
     _print_rows(rows, summary)
     if json_out is not None:
         document = {"suite": "scaling", "rows": rows, "summary": summary}
-        text = json.dumps(document, indent=2, default=_jsonable)
+        text = json.dumps(document, indent=2, default=jsonable)
         json_out.parent.mkdir(parents=True, exist_ok=True)
-        _write_all(json_out.parent, {json_out.name: lambda p: p.write_text(text)})
+        write_text(json_out, text)
 
 
 def _model_factory(name: str) -> Callable[[], Forecaster]:
@@ -150,12 +151,6 @@ def _model_factory(name: str) -> Callable[[], Forecaster]:
 
     make()  # fail fast on an unknown name, before any trace is replayed
     return make
-
-
-def _jsonable(value: object) -> object:
-    if isinstance(value, float) and math.isnan(value):
-        return None
-    return str(value)
 
 
 def _print_rows(rows: list[dict[str, object]], summary: list[dict[str, object]]) -> None:
@@ -487,8 +482,8 @@ def simulate(
         summary = _simulate_jobs(out, policy, model, workload, seed, days, boot_minutes)
     else:
         summary = _simulate_trace(out, trace, policy, model, lag, split, gpus_per_node, knobs)
-    text = json.dumps(summary, indent=2, default=_jsonable)
-    _write_all(out, {"summary.json": lambda p: p.write_text(text)})
+    text = json.dumps(summary, indent=2, default=jsonable)
+    write_text(out / "summary.json", text)
     if as_json:
         typer.echo(text)
         return

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import inspect
 import json
 import logging
 import signal
@@ -19,7 +18,7 @@ STATE_DIR_HELP = "State directory holding the telemetry store (created if missin
 
 def register(app: typer.Typer, bench: typer.Typer) -> None:
     """Add this module's commands to the app and the bench group."""
-    app.command("collect", help=_prose(collect.__doc__))(collect)
+    app.command("collect")(collect)
 
 
 def collect(
@@ -142,9 +141,3 @@ def _report(backfilled: int, outcomes: list, as_json: bool) -> None:
     for o in outcomes:
         status = f"{o.points} points" if o.error is None else f"FAILED ({o.error}); gap recorded"
         typer.echo(f"{o.source} at {o.at}: {status}")
-
-
-def _prose(doc: str | None) -> str:
-    """A docstring as help text, its paragraphs unwrapped (Typer prints them as written)."""
-    paragraphs = inspect.cleandoc(doc or "").split("\n\n")
-    return "\n\n".join(" ".join(p.split()) for p in paragraphs)

@@ -1,0 +1,20 @@
+"""What every command shares in how it talks: help text from docstrings, JSON values."""
+
+from __future__ import annotations
+
+import inspect
+import math
+
+
+def prose(doc: str | None) -> str:
+    """A docstring as help text: paragraphs kept, the hard line wraps inside them removed
+    (Typer's rich help would print them as they stand)."""
+    paragraphs = inspect.cleandoc(doc or "").split("\n\n")
+    return "\n\n".join(" ".join(p.split()) for p in paragraphs)
+
+
+def jsonable(value: object) -> object:
+    """`json.dumps` default for what benchmark rows carry: NaN as null, the rest as text."""
+    if isinstance(value, float) and math.isnan(value):
+        return None
+    return str(value)
