@@ -20,8 +20,7 @@ from __future__ import annotations
 import json
 import sqlite3
 import time
-from collections.abc import Iterator, Mapping, Sequence
-from contextlib import contextmanager
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -31,10 +30,10 @@ import pandas as pd
 from predictor.errors import InputError
 from predictor.loaders import DemandTrace
 from predictor.series import resample
+from predictor.sqlite_db import SqliteFile
 
 FILENAME = "telemetry.sqlite"
 SCHEMA_VERSION = 1
-BUSY_TIMEOUT_S = 60.0
 DEFAULT_METRIC = "gpu_demand"
 # What each column of a trace becomes in the store; its unit travels in the labels.
 TRACE_METRICS = {
@@ -93,7 +92,8 @@ class TelemetryStore:
         self.state_dir = Path(state_dir).expanduser()
         self.path = self.state_dir / FILENAME
         self.state_dir.mkdir(parents=True, exist_ok=True)
-        with self._connect() as conn:
+        self._db = SqliteFile(self.path)
+        with self._db.connect() as conn:
             version = conn.execute("PRAGMA user_version").fetchone()[0]
             if version > SCHEMA_VERSION:
                 raise InputError(
@@ -123,7 +123,7 @@ class TelemetryStore:
         and writes nothing.
         """
         batch = _validate(points, metric, source, labels or {})
-        with self._transaction() as conn:
+        with self._db.transaction() as conn:
             _write(conn, batch)
         return len(batch.ts)
 
@@ -137,7 +137,7 @@ class TelemetryStore:
                 if column in trace.frame.columns:
                     part = trace.frame[["unique_id", "ds", column]].rename(columns={column: "y"})
                     batches.append(_validate(part, metric, source, labels))
-        with self._transaction() as conn:
+        with self._db.transaction() as conn:
             for batch in batches:
                 _write(conn, batch)
         return sum(len(b.ts) for b in batches)
@@ -168,7 +168,7 @@ class TelemetryStore:
             sql += " AND p.ts <= ?"
             args.append(_ns(end))
         sql += " ORDER BY s.name, p.ts"
-        with self._connect() as conn:
+        with self._db.connect() as conn:
             rows = conn.execute(sql, args).fetchall()
         names, ts, values = zip(*rows, strict=True) if rows else ((), (), ())
         frame = pd.DataFrame(
@@ -182,7 +182,7 @@ class TelemetryStore:
 
     def count(self, metric: str = DEFAULT_METRIC) -> int:
         """Points stored for `metric`."""
-        with self._connect() as conn:
+        with self._db.connect() as conn:
             return conn.execute(
                 "SELECT COUNT(*) FROM points p JOIN series s ON s.id = p.series_id"
                 " WHERE s.metric = ?",
@@ -201,7 +201,7 @@ class TelemetryStore:
             sql += " WHERE s.metric = ?"
             args = (metric,)
         sql += " GROUP BY s.id ORDER BY s.metric, s.name"
-        with self._connect() as conn:
+        with self._db.connect() as conn:
             rows = conn.execute(sql, args).fetchall()
         columns = ["metric", "unique_id", "source", "labels", "first", "last", "count"]
         frame = pd.DataFrame(rows, columns=columns)
@@ -218,7 +218,7 @@ class TelemetryStore:
         first, last = _ns(start), _ns(end)
         if last < first:
             raise InputError(f"gap end {end} is before its start {start}")
-        with self._transaction() as conn:
+        with self._db.transaction() as conn:
             conn.execute(
                 "INSERT INTO gaps (source, start, end, reason, recorded) VALUES (?, ?, ?, ?, ?)",
                 (source, first, last, reason, time.time_ns()),
@@ -231,37 +231,12 @@ class TelemetryStore:
         if source is not None:
             sql += " WHERE source = ?"
             args = (source,)
-        with self._connect() as conn:
+        with self._db.connect() as conn:
             rows = conn.execute(sql + " ORDER BY start, id", args).fetchall()
         frame = pd.DataFrame(rows, columns=["source", "start", "end", "reason", "recorded_at"])
         for column in ("start", "end", "recorded_at"):
             frame[column] = pd.to_datetime(frame[column].astype("int64"), unit="ns")
         return frame
-
-    @contextmanager
-    def _connect(self) -> Iterator[sqlite3.Connection]:
-        # isolation_level=None: transactions are begun explicitly, never implicitly.
-        conn = sqlite3.connect(self.path, timeout=BUSY_TIMEOUT_S, isolation_level=None)
-        try:
-            # NORMAL is durable against a killed process in WAL mode; only a power loss can
-            # drop the last transactions, never corrupt the file.
-            conn.execute("PRAGMA synchronous=NORMAL")
-            yield conn
-        finally:
-            conn.close()
-
-    @contextmanager
-    def _transaction(self) -> Iterator[sqlite3.Connection]:
-        with self._connect() as conn:
-            # IMMEDIATE takes the write lock up front, so two writers queue rather than
-            # deadlock on a lock upgrade.
-            conn.execute("BEGIN IMMEDIATE")
-            try:
-                yield conn
-            except BaseException:
-                conn.execute("ROLLBACK")
-                raise
-            conn.execute("COMMIT")
 
 
 def _validate(points: pd.DataFrame, metric: str, source: str, labels: Mapping[str, str]) -> _Batch:

@@ -22,14 +22,14 @@ import json
 import pickle
 import sqlite3
 import time
-from collections.abc import Iterator, Mapping
-from contextlib import contextmanager
+from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Literal
 
+from predictor.sqlite_db import SqliteFile
+
 FILENAME = "decisions.sqlite"
-BUSY_TIMEOUT_S = 60.0
 ActionStatus = Literal["pending", "done", "failed", "blocked", "superseded"]
 
 _SCHEMA = """
@@ -93,9 +93,8 @@ class DecisionLog:
         self.state_dir = Path(state_dir).expanduser()
         self.state_dir.mkdir(parents=True, exist_ok=True)
         self.path = self.state_dir / FILENAME
-        with self._connect() as conn:
-            conn.execute("PRAGMA journal_mode=WAL")
-            conn.executescript(f"BEGIN IMMEDIATE; {_SCHEMA} COMMIT;")
+        self._db = SqliteFile(self.path)
+        self._db.create(_SCHEMA)
 
     # ---- decisions -----------------------------------------------------------------------
     def record(
@@ -108,7 +107,7 @@ class DecisionLog:
     ) -> int:
         """Store a decision (before acting on it) and, in the same transaction, the loop
         state it leads to; returns its id."""
-        with self._transaction() as conn:
+        with self._db.transaction() as conn:
             cursor = conn.execute(
                 "INSERT INTO decisions (at, identity, applied, inputs, plan)"
                 " VALUES (?, ?, ?, ?, ?)",
@@ -119,7 +118,7 @@ class DecisionLog:
             return int(cursor.lastrowid)
 
     def finish(self, decision_id: int, outcome: Mapping[str, Any]) -> None:
-        with self._transaction() as conn:
+        with self._db.transaction() as conn:
             conn.execute(
                 "UPDATE decisions SET outcome = ? WHERE id = ?", (_json(outcome), decision_id)
             )
@@ -134,7 +133,7 @@ class DecisionLog:
         if limit is not None:
             sql += " LIMIT ?"
             args = (limit,)
-        with self._connect() as conn:
+        with self._db.connect() as conn:
             rows = conn.execute(sql, args).fetchall()
         return [
             DecisionRecord(
@@ -154,7 +153,7 @@ class DecisionLog:
         self, decision_id: int | None, pool: str, kind: str, target: str, params: Mapping
     ) -> int:
         """Journal an action as pending, durably, before it is carried out."""
-        with self._transaction() as conn:
+        with self._db.transaction() as conn:
             cursor = conn.execute(
                 "INSERT INTO actions (decision_id, pool, kind, target, params, status, started)"
                 " VALUES (?, ?, ?, ?, ?, 'pending', ?)",
@@ -163,7 +162,7 @@ class DecisionLog:
             return int(cursor.lastrowid)
 
     def complete(self, action_id: int, status: ActionStatus, result: str) -> None:
-        with self._transaction() as conn:
+        with self._db.transaction() as conn:
             conn.execute(
                 "UPDATE actions SET status = ?, finished = ?, result = ? WHERE id = ?",
                 (status, time.time_ns(), result, action_id),
@@ -178,40 +177,19 @@ class DecisionLog:
         if status is not None:
             sql += " WHERE status = ?"
             args = (status,)
-        with self._connect() as conn:
+        with self._db.connect() as conn:
             rows = conn.execute(sql + " ORDER BY id", args).fetchall()
         return [Action(r[0], r[1], r[2], r[3], r[4], json.loads(r[5]), r[6], r[7]) for r in rows]
 
     # ---- loop state ----------------------------------------------------------------------
     def load(self, key: str, default: Any = None) -> Any:
-        with self._connect() as conn:
+        with self._db.connect() as conn:
             row = conn.execute("SELECT value FROM state WHERE key = ?", (key,)).fetchone()
         return default if row is None else pickle.loads(row[0])
 
     def save(self, key: str, value: Any) -> None:
-        with self._transaction() as conn:
+        with self._db.transaction() as conn:
             _put(conn, key, value)
-
-    # ---- connections ---------------------------------------------------------------------
-    @contextmanager
-    def _connect(self) -> Iterator[sqlite3.Connection]:
-        conn = sqlite3.connect(self.path, timeout=BUSY_TIMEOUT_S, isolation_level=None)
-        try:
-            conn.execute("PRAGMA synchronous=NORMAL")
-            yield conn
-        finally:
-            conn.close()
-
-    @contextmanager
-    def _transaction(self) -> Iterator[sqlite3.Connection]:
-        with self._connect() as conn:
-            conn.execute("BEGIN IMMEDIATE")
-            try:
-                yield conn
-            except BaseException:
-                conn.execute("ROLLBACK")
-                raise
-            conn.execute("COMMIT")
 
 
 def _put(conn: sqlite3.Connection, key: str, value: Any) -> None:
