@@ -460,6 +460,15 @@ FUZZ = settings(
 VERBS = ["/v1/placements", "/v1/extender/filter", "/v1/extender/prioritize", "/v1/extender/bind"]
 
 
+@pytest.mark.parametrize("body", ["Infinity", "NaN", '{"job": -Infinity}', "[1e999]"])
+def test_non_finite_numbers_are_a_422_not_a_500(fixed: TestClient, body: str) -> None:
+    headers = AUTH | {"Content-Type": "application/json"}
+    for path in VERBS:
+        answer = fixed.post(path, content=body, headers=headers)
+        assert answer.status_code == 422, (path, answer.status_code, answer.text)
+        assert "Infinity" not in answer.text and "NaN" not in answer.text
+
+
 @FUZZ
 @given(path=st.sampled_from(VERBS), body=JSON)
 def test_arbitrary_json_never_gets_a_5xx(fixed: TestClient, path: str, body: Any) -> None:

@@ -12,6 +12,7 @@ import time
 from collections.abc import Awaitable, Callable
 
 from fastapi import FastAPI, Request, Response
+from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
 
 from predictor.errors import InputError
@@ -85,6 +86,13 @@ def create_app(config: LiveConfig, system: LiveSystem | None = None) -> FastAPI:
         metrics.requests.labels(request.method, route, str(response.status_code)).inc()
         metrics.latency.labels(route).observe(time.perf_counter() - started)
         return response
+
+    @app.exception_handler(RequestValidationError)
+    async def invalid_request(request: Request, exc: RequestValidationError) -> JSONResponse:
+        # The offending input is not echoed: it may be a secret, or a value JSON cannot
+        # carry (a body of `Infinity` made the default handler fail with a 500).
+        errors = [{k: e[k] for k in ("type", "loc", "msg") if k in e} for e in exc.errors()]
+        return JSONResponse({"detail": errors}, status_code=422)
 
     @app.exception_handler(InputError)
     async def bad_input(request: Request, exc: InputError) -> JSONResponse:
