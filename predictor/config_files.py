@@ -13,6 +13,7 @@ from typing import Any, TypeVar
 
 import yaml
 from pydantic import BaseModel, ValidationError
+from pydantic_settings import BaseSettings, PydanticBaseSettingsSource, SettingsConfigDict
 
 from predictor.errors import InputError
 
@@ -25,6 +26,27 @@ class FieldError(ValueError):
     def __init__(self, field: str, message: str) -> None:
         super().__init__(message)
         self.field = field
+
+
+class FileSettings(BaseSettings):
+    """Settings read from a YAML file that `GPUSCALE_*` environment variables override
+    (nested fields with `__`), as a Secret or a Deployment's env would in a cluster."""
+
+    model_config = SettingsConfigDict(
+        env_prefix="GPUSCALE_", env_nested_delimiter="__", extra="forbid", frozen=True
+    )
+
+    @classmethod
+    def settings_customise_sources(
+        cls,
+        settings_cls: type[BaseSettings],
+        init_settings: PydanticBaseSettingsSource,
+        env_settings: PydanticBaseSettingsSource,
+        dotenv_settings: PydanticBaseSettingsSource,
+        file_secret_settings: PydanticBaseSettingsSource,
+    ) -> tuple[PydanticBaseSettingsSource, ...]:
+        # The YAML file arrives as init values; the environment overrides it.
+        return (env_settings, init_settings)
 
 
 @dataclass(frozen=True)

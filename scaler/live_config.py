@@ -36,9 +36,8 @@ from pydantic import (
     SecretStr,
     model_validator,
 )
-from pydantic_settings import BaseSettings, PydanticBaseSettingsSource, SettingsConfigDict
 
-from predictor.config_files import load_model
+from predictor.config_files import FileSettings, load_model
 from predictor.errors import InputError
 from predictor.telemetry.config import KubernetesSettings
 from scaler.kube.placeholders import PlaceholderSettings
@@ -223,12 +222,8 @@ class ServiceSection(_Section):
         return self.token.get_secret_value() if self.token is not None else None
 
 
-class LiveConfig(BaseSettings):
+class LiveConfig(FileSettings):
     """Everything `gpuscale scale` and `gpuscale serve` need."""
-
-    model_config = SettingsConfigDict(
-        env_prefix="GPUSCALE_", env_nested_delimiter="__", extra="forbid", frozen=True
-    )
 
     state_dir: Path = Field(description="holds the telemetry store and the decision log")
     reconcile_interval_s: float = Field(default=60.0, gt=0)
@@ -265,18 +260,6 @@ class LiveConfig(BaseSettings):
         if unknown:
             raise ValueError(f"initial_sizes names unknown pools: {', '.join(unknown)}")
         return self
-
-    @classmethod
-    def settings_customise_sources(
-        cls,
-        settings_cls: type[BaseSettings],
-        init_settings: PydanticBaseSettingsSource,
-        env_settings: PydanticBaseSettingsSource,
-        dotenv_settings: PydanticBaseSettingsSource,
-        file_secret_settings: PydanticBaseSettingsSource,
-    ) -> tuple[PydanticBaseSettingsSource, ...]:
-        # The YAML file arrives as init values; the environment overrides it.
-        return (env_settings, init_settings)
 
 
 def load_live_config(path: Path) -> LiveConfig:

@@ -12,9 +12,8 @@ import socket
 from pathlib import Path
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator
-from pydantic_settings import BaseSettings, PydanticBaseSettingsSource, SettingsConfigDict
 
-from predictor.config_files import load_model
+from predictor.config_files import FileSettings, load_model
 from predictor.telemetry.sources import RetryPolicy
 
 # DCGM exporter series carry pod labels that come and go with the pods on a GPU; keeping
@@ -119,12 +118,8 @@ class RetrySettings(_Section):
         return RetryPolicy(self.attempts, self.base_delay_s, self.factor, self.max_delay_s)
 
 
-class CollectorConfig(BaseSettings):
+class CollectorConfig(FileSettings):
     """What `gpuscale collect` samples, how often, and how hard it retries."""
-
-    model_config = SettingsConfigDict(
-        env_prefix="GPUSCALE_", env_nested_delimiter="__", extra="forbid", frozen=True
-    )
 
     interval_s: int = Field(
         default=15, ge=1, description="seconds between samples; also the backfill grid"
@@ -133,18 +128,6 @@ class CollectorConfig(BaseSettings):
     kubernetes: KubernetesSettings | None = None
     nvml: NvmlSettings | None = None
     retry: RetrySettings = RetrySettings()
-
-    @classmethod
-    def settings_customise_sources(
-        cls,
-        settings_cls: type[BaseSettings],
-        init_settings: PydanticBaseSettingsSource,
-        env_settings: PydanticBaseSettingsSource,
-        dotenv_settings: PydanticBaseSettingsSource,
-        file_secret_settings: PydanticBaseSettingsSource,
-    ) -> tuple[PydanticBaseSettingsSource, ...]:
-        # The YAML file arrives as init values; the environment overrides it.
-        return (env_settings, init_settings)
 
 
 def load_config(path: Path) -> CollectorConfig:
