@@ -19,7 +19,6 @@ from typing import TYPE_CHECKING, Annotated
 
 import typer
 
-
 if TYPE_CHECKING:
     from scaler.reconcile import PassOutcome
 
@@ -34,6 +33,7 @@ def register(app: typer.Typer, bench: typer.Typer) -> None:
     """Add this module's commands to the app."""
     app.command("scale")(scale)
     app.command("serve")(serve)
+    bench.command("service")(bench_service)
 
 
 def scale(
@@ -187,6 +187,47 @@ def serve(
         ssl_certfile=tls_cert,
         ssl_keyfile=tls_key,
     )
+
+
+def bench_service(
+    nodes: Annotated[
+        Path,
+        typer.Option("--nodes", help="Node list CSV (openb_node_list_gpu_node.csv: 1,213 nodes)."),
+    ],
+    seconds: Annotated[float, typer.Option("--seconds", min=0.5, help="Measured time.")] = 20.0,
+    concurrency: Annotated[
+        int, typer.Option("--concurrency", min=1, help="Requests in flight.")
+    ] = 8,
+    fill: Annotated[
+        float,
+        typer.Option("--fill", min=0.0, max=0.95, help="GPU share placed before measuring."),
+    ] = 0.5,
+    as_json: Annotated[bool, typer.Option("--json", help="Print the result row as JSON.")] = False,
+) -> None:
+    """Load the placement service over loopback and report requests/s and latency.
+
+    Starts `gpuscale serve` (uvicorn, one worker) in a subprocess over the nodes of
+    --nodes, fills the cluster to --fill of its GPUs with committed placements, then
+    keeps --concurrency POST /v1/placements requests in flight (dry runs: decided, not
+    committed, so the state stays the same) for --seconds. Reports requests/s, p50, p90,
+    p99 and max latency as the client saw them, and the errors (any answer other than 201
+    or 409). Client and server share the machine's cores. Exits 1 on any error.
+    """
+    from scaler.service_bench import openb_nodes, run_service_bench
+
+    result = run_service_bench(openb_nodes(nodes), seconds, concurrency, fill)
+    if as_json:
+        typer.echo(json.dumps(result.to_dict()))
+    else:
+        typer.echo(
+            f"{result.nodes} nodes, {result.gpus} GPUs, {result.filled_gpu_ratio:.0%} allocated;"
+            f" {result.requests} placements in {result.seconds:.1f} s with {concurrency} in"
+            f" flight: {result.requests_per_s:.0f} req/s, p50 {result.p50_ms:.1f} ms,"
+            f" p99 {result.p99_ms:.1f} ms, max {result.max_ms:.1f} ms;"
+            f" {result.unschedulable} unschedulable, {result.errors} errors"
+        )
+    if result.errors:
+        raise typer.Exit(1)
 
 
 def _pause_hook(state_dir: Path) -> Callable[[str], None]:

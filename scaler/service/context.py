@@ -29,7 +29,9 @@ class ServiceContext:
     token: str | None  # None: every mutating call is refused
 
 
-def context(request: Request) -> ServiceContext:
+# The dependencies are coroutines although they never await: FastAPI runs a plain `def`
+# dependency in the thread pool, and three thread hops per request cost more than placing.
+async def context(request: Request) -> ServiceContext:
     return request.app.state.context
 
 
@@ -54,14 +56,14 @@ def _check(ctx: ServiceContext, credentials: HTTPAuthorizationCredentials | None
         raise HTTPException(status.HTTP_401_UNAUTHORIZED, "invalid token", headers=challenge)
 
 
-def require_token(
+async def require_token(
     ctx: Context,
     credentials: Annotated[HTTPAuthorizationCredentials | None, Depends(_bearer)],
 ) -> None:
     _check(ctx, credentials)
 
 
-def require_bind_token(
+async def require_bind_token(
     ctx: Context,
     credentials: Annotated[HTTPAuthorizationCredentials | None, Depends(_bearer)],
 ) -> None:
