@@ -19,7 +19,7 @@ Pickle is used only for the loop's own state, written and read by this package.
 from __future__ import annotations
 
 import json
-import pickle
+import pickle  # nosec B403
 import sqlite3
 import time
 from collections.abc import Mapping
@@ -185,7 +185,8 @@ class DecisionLog:
     def load(self, key: str, default: Any = None) -> Any:
         with self._db.connect() as conn:
             row = conn.execute("SELECT value FROM state WHERE key = ?", (key,)).fetchone()
-        return default if row is None else pickle.loads(row[0])
+        # Only this class writes the state table, in the loop's private state directory.
+        return default if row is None else pickle.loads(row[0])  # nosec B301
 
     def save(self, key: str, value: Any) -> None:
         with self._db.transaction() as conn:

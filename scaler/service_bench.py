@@ -12,7 +12,7 @@ from __future__ import annotations
 import asyncio
 import os
 import socket
-import subprocess  # nosec B404: starts this package's own CLI, no shell
+import subprocess  # nosec B404
 import sys
 import tempfile
 import time
@@ -25,7 +25,8 @@ import yaml
 
 # The job shapes asked for (GPUs, thousandths of a GPU): whole, shared and multi-GPU jobs.
 SHAPES = ((1, 1000), (1, 500), (1, 250), (2, 1000), (4, 1000), (8, 1000), (0, None))
-TOKEN_ENV = "GPUSCALE_SERVICE__TOKEN"
+# A variable's name, not a token.
+TOKEN_ENV = "GPUSCALE_SERVICE__TOKEN"  # nosec B105
 
 
 @dataclass(frozen=True)
@@ -169,7 +170,8 @@ def run_service_bench(
         env = os.environ | {TOKEN_ENV: token}
         command = [sys.executable, "-m", "scaler", "serve", "--config", str(config)]
         command += ["--port", str(port), "--log-level", "warning"]
-        proc = subprocess.Popen(command, env=env)  # nosec B603: fixed argv, no shell
+        # Fixed argv, no shell.
+        proc = subprocess.Popen(command, env=env)  # nosec B603
         try:
             latencies, placed, unschedulable, errors, elapsed = asyncio.run(
                 _drive(f"http://127.0.0.1:{port}", proc, gpus, seconds, concurrency, fill, token)

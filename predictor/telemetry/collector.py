@@ -79,7 +79,8 @@ class CollectorMetrics:
             registry=r,
         )
 
-    def serve(self, port: int, addr: str = "0.0.0.0") -> Callable[[], None]:
+    # All interfaces by default: Prometheus scrapes the pod IP.
+    def serve(self, port: int, addr: str = "0.0.0.0") -> Callable[[], None]:  # nosec B104
         """Serve /metrics over HTTP; returns the function that stops it."""
         server, thread = start_http_server(port, addr=addr, registry=self.registry)
 

@@ -43,7 +43,7 @@ def collect(
     ] = None,
     metrics_addr: Annotated[
         str, typer.Option("--metrics-addr", help="Address the /metrics server binds.")
-    ] = "0.0.0.0",
+    ] = "0.0.0.0",  # nosec B104
     as_json: Annotated[
         bool, typer.Option("--json", help="With --once: print what was collected as JSON.")
     ] = False,

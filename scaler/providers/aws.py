@@ -138,7 +138,8 @@ class AwsCloud:
         if unknown:
             raise ProviderError(f"bound pools not in the pool list: {', '.join(unknown)}")
         self.settings = settings
-        self._rng = rng or random.Random()
+        # Backoff jitter, not a secret.
+        self._rng = rng or random.Random()  # nosec B311
         session = session or boto3.session.Session(region_name=settings.region)
         config = Config(
             retries={"mode": "standard", "total_max_attempts": settings.max_attempts},
