@@ -15,16 +15,20 @@ from predictor.store import TelemetryStore
 from predictor.telemetry.kubernetes import api_client
 from scaler.decisions import DecisionLog
 from scaler.demand import ForecastModel
+from scaler.kube.timeouts import with_timeout
 from scaler.live_config import KubernetesSection, LiveConfig
 from scaler.providers.base import CloudProvider
 from scaler.providers.simulated import SimulatedCloud, SimulatedNodeGroup
 
 
 def kube_client(settings: KubernetesSection) -> k8s.ApiClient:
-    """A plain `host` (kubectl proxy) first, else a kubeconfig, else the service account."""
+    """A plain `host` (kubectl proxy) first, else a kubeconfig, else the service account;
+    every call bounded by `request_timeout_s`."""
     if settings.host is not None:
-        return k8s.ApiClient(k8s.Configuration(host=settings.host))
-    return api_client(settings)
+        api = k8s.ApiClient(k8s.Configuration(host=settings.host))
+    else:
+        api = api_client(settings)
+    return with_timeout(api, settings.request_timeout_s)
 
 
 def build_provider(config: LiveConfig) -> CloudProvider:
