@@ -79,3 +79,19 @@ def running_app() -> Iterator[None]:
 def test_no_5xx_and_every_response_matches_the_schema(case: schemathesis.Case) -> None:
     CALLS[f"{case.operation.method.upper()} {case.operation.path}"] += 1
     case.call_and_validate(headers=AUTH, excluded_checks=NOT_CHECKED)
+
+
+def test_a_bad_gpu_share_annotation_is_refused_at_filter_and_bind_not_a_5xx() -> None:
+    """Found by the fuzz test in test_service.py: a pod whose filter was refused for its
+    annotation was still remembered, and its bind raised (500)."""
+    pod = {
+        "metadata": {"name": "p", "namespace": "default", "uid": "u-1",
+                     "annotations": {"gpuscale.io/gpu-milli": "half"}},
+        "spec": {"containers": [{"name": "c", "resources": {"requests": {"nvidia.com/gpu": "1"}}}]},
+    }  # fmt: skip
+    with TestClient(APP) as client:
+        filtered = client.post("/v1/extender/filter", json={"Pod": pod, "NodeNames": ["n-0"]})
+        assert filtered.status_code == 422
+        bind = {"PodName": "p", "PodNamespace": "default", "PodUID": "u-1", "Node": "n-0"}
+        bound = client.post("/v1/extender/bind", json=bind, headers=AUTH)
+        assert bound.status_code == 200 and "half" in bound.json()["Error"]

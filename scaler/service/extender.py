@@ -92,7 +92,10 @@ class Extender:
             if state is None:
                 return ExtenderBindingResult(Error="gpuscale knows no nodes yet")
             taints = [parse_taint(t) for t in sorted({t for ts in state.taints for t in ts})]
-            job = pod_job(pod, cluster.names, taints)
+            try:
+                job = pod_job(pod, cluster.names, taints)
+            except ValueError as exc:  # a bad GPU-share annotation: the scheduler is told
+                return ExtenderBindingResult(Error=f"pod {args.PodNamespace}/{args.PodName}: {exc}")
             if job.id in state.jobs:
                 state.release(job.id)  # a bind the scheduler retries
             decided = place_on(state, job, cluster.policy, args.Node)
