@@ -19,6 +19,7 @@ demo: $(STAMP)
 
 test: $(STAMP)
 	$(BIN)/ruff check predictor scaler tests
+	$(BIN)/bandit -q -c pyproject.toml -r predictor scaler
 	$(BIN)/python -m pytest -q -ra
 
 lint: $(STAMP)
