@@ -3,7 +3,9 @@
 from __future__ import annotations
 
 import os
+from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -23,3 +25,15 @@ def traces_dir() -> Path:
     if not TRACES.is_dir():
         require_service(f"shared traces not found at {TRACES}")
     return TRACES
+
+
+@pytest.fixture(scope="module")
+def moto() -> Iterator[Any]:
+    """moto in server mode on 127.0.0.1, one per test module (fresh AWS state each)."""
+    try:
+        from moto_fixture import MotoServer
+    except ImportError as exc:
+        require_service(f"moto[server] is not installed: {exc}")
+    server = MotoServer().start()
+    yield server
+    server.stop()

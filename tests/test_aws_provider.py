@@ -11,7 +11,6 @@ from dataclasses import dataclass
 from typing import Any
 
 import pytest
-from conftest import require_service
 from provider_contract import ContractCloud, ProviderContract, contract_pools
 
 from scaler.pools import NodePool
@@ -25,16 +24,12 @@ ROLE = "arn:aws:iam::123456789012:role/nodes"
 
 
 @pytest.fixture(scope="module")
-def proxy() -> Iterator[Any]:
-    try:
-        from moto_fixture import AwsProxy, MotoServer
-    except ImportError as exc:
-        require_service(f"moto[server] is not installed: {exc}")
-    server = MotoServer().start()
-    proxy = AwsProxy(server.url).start()
+def proxy(moto: Any) -> Iterator[Any]:
+    from moto_fixture import AwsProxy
+
+    proxy = AwsProxy(moto.url).start()
     yield proxy
     proxy.stop()
-    server.stop()
 
 
 @dataclass

@@ -44,17 +44,6 @@ DEMAND = pod_gpu_requests("Running|Pending")
 
 
 @pytest.fixture(scope="module")
-def moto() -> Iterator[Any]:
-    try:
-        from moto_fixture import MotoServer
-    except ImportError as exc:
-        require_service(f"moto[server] is not installed: {exc}")
-    server = MotoServer().start()
-    yield server
-    server.stop()
-
-
-@pytest.fixture(scope="module")
 def prometheus(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[Any, Any]]:
     if shutil.which("prometheus") is None:
         require_service("Debian's prometheus package is not installed")

@@ -12,12 +12,10 @@ from __future__ import annotations
 import json
 import signal
 import time
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import pytest
-from conftest import require_service
 from fake_kube import FakeKube
 from live_fixtures import (
     Asg,
@@ -37,17 +35,6 @@ from scaler.decisions import DecisionLog
 pytestmark = pytest.mark.integration
 
 START_S = 60.0  # a cold Python start with pandas, boto3 and the kubernetes client
-
-
-@pytest.fixture(scope="module")
-def moto() -> Iterator[Any]:
-    try:
-        from moto_fixture import MotoServer
-    except ImportError as exc:
-        require_service(f"moto[server] is not installed: {exc}")
-    server = MotoServer().start()
-    yield server
-    server.stop()
 
 
 def aws_config(tmp_path: Path, moto: Any, asg: Asg, state_dir: Path, **extra: Any) -> Path:
