@@ -94,6 +94,17 @@ def check_request(horizons: Sequence[int], quantiles: Sequence[float]) -> None:
         raise InputError(f"quantiles must lie strictly between 0 and 1, got {list(quantiles)}")
 
 
+def training_grid(
+    horizons: Sequence[int], levels: Sequence[float], holdout: float
+) -> tuple[tuple[int, ...], np.ndarray]:
+    """A learned model's trained horizons and levels, checked and sorted (the holdout is the
+    share of training history kept back for calibration)."""
+    check_request(horizons, levels)
+    if not 0.0 <= holdout < 1.0:
+        raise InputError(f"holdout must be in [0, 1), got {holdout}")
+    return tuple(sorted({int(h) for h in horizons})), np.array(sorted(set(levels)), dtype=float)
+
+
 class DirectForecaster(ABC):
     """A model that forecasts each horizon directly from its anchor step."""
 

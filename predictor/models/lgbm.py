@@ -25,7 +25,7 @@ from predictor.features import (
     design_matrix,
     series_scale,
 )
-from predictor.models.direct import DirectForecaster, SeriesArrays
+from predictor.models.direct import DirectForecaster, SeriesArrays, training_grid
 
 
 @dataclass(frozen=True)
@@ -80,14 +80,7 @@ class QuantileBoost(DirectForecaster):
         params: BoostParams | None = None,
         spec: FeatureSpec | None = None,
     ) -> None:
-        if not horizons or any(int(h) != h or h < 1 for h in horizons):
-            raise InputError(f"horizons must be whole steps >= 1, got {list(horizons)}")
-        if not levels or any(not 0.0 < q < 1.0 for q in levels):
-            raise InputError(f"levels must lie strictly between 0 and 1, got {list(levels)}")
-        if not 0.0 <= holdout < 1.0:
-            raise InputError(f"holdout must be in [0, 1), got {holdout}")
-        self.horizons = tuple(sorted({int(h) for h in horizons}))
-        self.levels = np.array(sorted(set(levels)), dtype=float)
+        self.horizons, self.levels = training_grid(horizons, levels, holdout)
         self.holdout = holdout
         self.params = params or BoostParams()
         self.spec = spec or FeatureSpec()

@@ -39,7 +39,7 @@ from predictor.features import (
     series_scale,
 )
 from predictor.models.conformal import ConformalBoost
-from predictor.models.direct import DirectForecaster, SeriesArrays
+from predictor.models.direct import DirectForecaster, SeriesArrays, training_grid
 from predictor.models.lgbm import _interp_rows
 
 TORCH_PIN = "torch==2.13.0"
@@ -93,17 +93,10 @@ class TorchQuantile(DirectForecaster):
         params: NetParams | None = None,
         spec: FeatureSpec | None = None,
     ) -> None:
-        if not horizons or any(int(h) != h or h < 1 for h in horizons):
-            raise InputError(f"horizons must be whole steps >= 1, got {list(horizons)}")
-        if not levels or any(not 0.0 < q < 1.0 for q in levels):
-            raise InputError(f"levels must lie strictly between 0 and 1, got {list(levels)}")
-        if not 0.0 <= holdout < 1.0:
-            raise InputError(f"holdout must be in [0, 1), got {holdout}")
+        self.horizons, self.levels = training_grid(horizons, levels, holdout)
         if window < 1:
             raise InputError(f"window must be >= 1, got {window}")
         import_torch()
-        self.horizons = tuple(sorted({int(h) for h in horizons}))
-        self.levels = np.array(sorted(set(levels)), dtype=float)
         self.window = window
         self.holdout = holdout
         self.params = params or NetParams()
