@@ -6,6 +6,10 @@ division makes series of 8 GPUs and of 400 nodes one population for a single mod
 Horizons that were not trained are interpolated between the trained ones at the same anchor
 (spread grows roughly like the square root of the horizon); levels that were not trained
 are interpolated between the trained levels.
+
+LightGBM is driven directly rather than through mlforecast: one booster per horizon and
+level on features cut at the anchor (`predictor.features`) is the whole model, and the
+leakage guarantee lives in that one cut, which a wrapper's own lag machinery would bypass.
 """
 
 from __future__ import annotations
