@@ -9,7 +9,7 @@ STAMP := $(VENV)/.installed
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
 	$(BIN)/pip install -q --upgrade pip
-	# torch: the CPU build, asked for by exact version (see DEVELOPERS.md).
+	# torch: the CPU build, asked for by exact version (a bare "torch" pulls a multi-GB CUDA build).
 	$(BIN)/pip install -q torch==2.13.0
 	$(BIN)/pip install -q -e '.[dev,torch]'
 	touch $(STAMP)
