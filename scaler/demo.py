@@ -191,7 +191,8 @@ def _write_report(
         "",
         "- `gpuscale bench forecast|scaling|placement` on the real traces (see README).",
         "- `gpuscale simulate` for the cost/shortage frontier of the service-level knob.",
-        f"- `gpuscale forecast --registry {out / 'models'} --trace series:DEMAND.csv --plot f.png`",
+        f"- `gpuscale forecast --registry {out / 'models'} --state-dir {out / 'state'}"
+        " --plot forecast.png`: the registered model on the stored history.",
         "",
     ]
     markdown = "\n".join(lines)
