@@ -20,9 +20,10 @@ from live_fixtures import pool
 
 from predictor.store import TelemetryStore
 from scaler.live_config import LiveConfig
-from scaler.placement import ClusterState, Job, NodeSpec, Placement, WorkloadMix, make_policy, place
+from scaler.placement import ClusterState, Job, NodeSpec, Placement, make_policy, place
 from scaler.placement.engine import commit
 from scaler.service import create_app
+from scaler.service.cluster import workload_mix
 from scaler.service.models import KubeNode, KubePod
 from scaler.service.scheduling import KubeNames, node_spec, parse_taint, pod_job
 
@@ -64,18 +65,7 @@ def fixed(tmp_path: Path) -> Iterator[TestClient]:
 def engine_state(config_nodes: list[dict]) -> tuple[ClusterState, Any]:
     """The placement engine on its own, configured as the service configures it."""
     config = LiveConfig(state_dir="unused", pools=[pool()])
-    mix = WorkloadMix.from_jobs(
-        Job(
-            id=f"{i}-{k}",
-            cpu_milli=s.cpu_milli,
-            memory_mib=s.memory_mib,
-            num_gpu=s.num_gpu,
-            gpu_milli=s.gpu_milli if s.num_gpu else 0,
-            gpu_models=frozenset(s.gpu_models),
-        )
-        for i, s in enumerate(config.placement.mix)
-        for k in range(s.weight)
-    )
+    mix = workload_mix(config.placement.mix)
     specs = [
         NodeSpec(
             n["name"],

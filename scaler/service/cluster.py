@@ -20,6 +20,7 @@ from kubernetes import client as k8s
 
 from scaler.kube.errors import API_ERRORS, KubeError, kube_error
 from scaler.live import LiveSystem
+from scaler.live_config import MixShape
 from scaler.placement import (
     ClusterState,
     Job,
@@ -37,6 +38,23 @@ from scaler.service.models import KubeNode, KubePod
 from scaler.service.scheduling import KubeNames, gpus_of, node_spec, pod_job
 
 POD_CACHE = 4096  # pods remembered between filter and bind (the scheduler's in flight)
+
+
+def workload_mix(shapes: Sequence[MixShape]) -> WorkloadMix:
+    """The configured typical job shapes, each repeated by its weight, as the fragmentation
+    policies' view of the workload."""
+    return WorkloadMix.from_jobs(
+        Job(
+            id=f"mix-{i}-{k}",
+            cpu_milli=s.cpu_milli,
+            memory_mib=s.memory_mib,
+            num_gpu=s.num_gpu,
+            gpu_milli=s.gpu_milli if s.num_gpu else 0,
+            gpu_models=frozenset(s.gpu_models),
+        )
+        for i, s in enumerate(shapes)
+        for k in range(s.weight)
+    )
 
 
 @dataclass(frozen=True)
@@ -59,19 +77,9 @@ class LiveCluster:
             gpus_annotation=kube.gpus_annotation if kube else "gpuscale.io/gpus",
         )
         self.pool_label = kube.pool_label if kube else "gpuscale.io/pool"
-        mix = WorkloadMix.from_jobs(
-            Job(
-                id=f"mix-{i}-{k}",
-                cpu_milli=s.cpu_milli,
-                memory_mib=s.memory_mib,
-                num_gpu=s.num_gpu,
-                gpu_milli=s.gpu_milli if s.num_gpu else 0,
-                gpu_models=frozenset(s.gpu_models),
-            )
-            for i, s in enumerate(self.settings.mix)
-            for k in range(s.weight)
+        self.policy = make_policy(
+            self.settings.policy, mix=workload_mix(self.settings.mix), seed=self.settings.seed
         )
-        self.policy = make_policy(self.settings.policy, mix=mix, seed=self.settings.seed)
         self._clock = clock
         self._lock = threading.RLock()
         self._specs: dict[str, NodeSpec] = {}
