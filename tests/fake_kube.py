@@ -283,11 +283,8 @@ class FakeKube:
             return copy.deepcopy(obj)
 
     def get(self, plural: str, name: str, namespace: str = "") -> Obj:
-        kind = self.kind(plural)
-        key = (plural, namespace if kind.namespaced else "", name)
         with self._changed:
-            if key not in self._objects:
-                raise ApiError(404, "NotFound", f'{plural} "{name}" not found')
+            _, key = self._existing(plural, name, namespace)
             return copy.deepcopy(self._objects[key])
 
     def objects(self, plural: str, namespace: str | None = None) -> list[Obj]:
@@ -299,11 +296,8 @@ class FakeKube:
             ]
 
     def replace(self, plural: str, name: str, obj: Obj, namespace: str = "") -> Obj:
-        kind = self.kind(plural)
-        key = (plural, namespace if kind.namespaced else "", name)
         with self._changed:
-            if key not in self._objects:
-                raise ApiError(404, "NotFound", f'{plural} "{name}" not found')
+            kind, key = self._existing(plural, name, namespace)
             current = self._objects[key]
             wanted_rv = obj.get("metadata", {}).get("resourceVersion")
             if wanted_rv and wanted_rv != current["metadata"]["resourceVersion"]:
@@ -316,14 +310,21 @@ class FakeKube:
             return self._store_update(kind, key, obj)
 
     def patch(self, plural: str, name: str, patch: Any, namespace: str = "", *, json_ops=False):
-        kind = self.kind(plural)
-        key = (plural, namespace if kind.namespaced else "", name)
         with self._changed:
-            if key not in self._objects:
-                raise ApiError(404, "NotFound", f'{plural} "{name}" not found')
+            kind, key = self._existing(plural, name, namespace)
             current = self._objects[key]
             updated = json_patch(current, patch) if json_ops else merge_patch(current, patch)
             return self._store_update(kind, key, updated)
+
+    def _existing(
+        self, plural: str, name: str, namespace: str
+    ) -> tuple[ResourceKind, tuple[str, str, str]]:
+        """Kind and key of a stored object, 404 when there is none (call with the lock held)."""
+        kind = self.kind(plural)
+        key = (plural, namespace if kind.namespaced else "", name)
+        if key not in self._objects:
+            raise ApiError(404, "NotFound", f'{plural} "{name}" not found')
+        return kind, key
 
     def _store_update(self, kind: ResourceKind, key: tuple[str, str, str], obj: Obj) -> Obj:
         current = self._objects[key]
@@ -340,11 +341,8 @@ class FakeKube:
         return copy.deepcopy(obj)
 
     def delete(self, plural: str, name: str, namespace: str = "") -> Obj:
-        kind = self.kind(plural)
-        key = (plural, namespace if kind.namespaced else "", name)
         with self._changed:
-            if key not in self._objects:
-                raise ApiError(404, "NotFound", f'{plural} "{name}" not found')
+            kind, key = self._existing(plural, name, namespace)
             obj = self._objects.pop(key)
             obj["metadata"]["resourceVersion"] = self._next_rv()
             self._record(kind, "DELETED", obj)
