@@ -101,6 +101,7 @@ class ReplayOutcome:
             "shortage_node_steps": float(self.shortage.sum()),
             "scale_actions_per_day": float(self.actions / days),
             "steps": int(s.end - s.start),
+            "step_minutes": float(s.step / pd.Timedelta(minutes=1)),
             "test_start": str(pd.Timestamp(s.ds[s.start])),
             "test_end": str(pd.Timestamp(s.ds[s.end - 1])),
             "mean_demand": float(demand.mean()),

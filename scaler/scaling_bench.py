@@ -5,6 +5,12 @@ Forecasts: the model is fitted on the training window minus its last `calibratio
 those days then warm up every policy (the predictive planner learns its safety margin from
 genuine out-of-sample errors there), and only the test window is scored. Nothing at or
 after a step is seen by a policy before that step is decided (the oracle excepted).
+
+The protocol's step is 10 minutes. `step_minutes` replays the same trace on finer steps
+(e.g. 1 minute, the resolution of the public traces) to measure how fast the policies run
+over it: the model still forecasts 10-minute steps, and a decision at minute t uses the
+forecasts made at the start of its 10-minute step, i.e. from data up to the last complete
+step before it (never newer data than the minute-level policy may see).
 """
 
 from __future__ import annotations
@@ -19,6 +25,7 @@ from datetime import datetime
 import numpy as np
 import pandas as pd
 
+from predictor.errors import InputError
 from predictor.forecast import Forecaster
 from predictor.loaders import DemandTrace
 from predictor.series import regularize
@@ -51,6 +58,7 @@ class BenchSettings:
     gpus_per_node: int | None = None  # a generic series counts GPUs when set
     calibration_days: float = 7.0
     policy: PlannerPolicy = field(default_factory=PlannerPolicy)
+    step_minutes: int | None = None  # replay step; None: the protocol's (the model's) step
 
 
 def units_per_node(trace: DemandTrace, gpus_per_node: int | None) -> int:
@@ -71,8 +79,8 @@ class PreparedSeries:
     series: ReplaySeries
     units: np.ndarray  # demand in the trace's unit (GPUs or nodes)
     per_node: int
-    outlook: np.ndarray  # [t, i, j]: QUANTILES[j] at horizon `horizons[i]`, decided at t
-    horizons: tuple[int, ...]
+    outlook: np.ndarray  # [t, k-1, j]: QUANTILES[j] of demand at step t-1+k, decided at t
+    ces_future: tuple[np.ndarray, np.ndarray]  # [t]: CesPolicy's future_mean, future_mean2
     ces_buffer: int
     at: list[datetime]
     step: pd.Timedelta
@@ -96,6 +104,7 @@ def prepare_trace(
     step = pd.Timedelta(frame["ds"].diff().dropna().min())
     per_node = units_per_node(trace, settings.gpus_per_node)
     calibration = round(pd.Timedelta(days=settings.calibration_days) / step)
+    fine = _fine_frames(trace, step, settings.step_minutes)
 
     layouts = {}
     for uid, group in frame.groupby("unique_id", sort=True):
@@ -114,10 +123,25 @@ def prepare_trace(
     forecaster = make_forecaster().fit(frame[frame["ds"] < fit_until])
     fit_seconds = time.perf_counter() - began
 
-    horizons = tuple(sorted({*range(1, max(settings.lags) + 2), *CES_HORIZONS}))
+    rows = max(settings.lags) + 1
+    horizons = tuple(sorted({*range(1, rows + 1), *CES_HORIZONS}))
     prepared = []
     forecast_seconds = 0.0
     for uid, (group, ds, warmup, start, end) in layouts.items():
+        began = time.perf_counter()
+        outlook = rolling_outlook(forecaster, group, ds, warmup, horizons, QUANTILES)
+        forecast_seconds += time.perf_counter() - began
+        median = outlook[:, :, QUANTILES.index(0.5)]
+        ces_future = (
+            median @ horizon_mean_weights(horizons, CES_FUTURE),
+            median @ horizon_mean_weights(horizons, 2 * CES_FUTURE),
+        )
+        replay_step = step
+        if fine is not None:
+            group, outlook, ces_future, (warmup, start, end) = _on_fine_steps(
+                fine, uid, ds, step, outlook[:, :rows, :], ces_future, warmup
+            )
+            ds, replay_step = group["ds"].to_numpy(), fine.step
         units = group["y"].to_numpy(dtype=float)
         demand = np.ceil(units / per_node - 1e-9)
         capacity = (
@@ -126,9 +150,6 @@ def prepare_trace(
             else None
         )
         static = capacity if capacity is not None else np.full(demand.size, demand[:start].max())
-        began = time.perf_counter()
-        outlook = rolling_outlook(forecaster, group, ds, warmup, horizons, QUANTILES)
-        forecast_seconds += time.perf_counter() - began
         prepared.append(
             PreparedSeries(
                 series=ReplaySeries(
@@ -141,22 +162,84 @@ def prepare_trace(
                     warmup=warmup,
                     start=start,
                     end=end,
-                    step=step,
+                    step=replay_step,
                 ),
                 units=units,
                 per_node=per_node,
-                outlook=outlook,
-                horizons=horizons,
+                outlook=outlook[:, :rows, :],
+                ces_future=(ces_future[0] / per_node, ces_future[1] / per_node),
                 ces_buffer=(
                     PHILLY_CES_BUFFER
                     if trace.kind == "philly"
                     else max(1, math.ceil(CES_BUFFER_SHARE * demand[:start].mean()))
                 ),
                 at=list(pd.DatetimeIndex(ds).to_pydatetime()),
-                step=step,
+                step=replay_step,
             )
         )
     return PreparedTrace(prepared, fit_seconds, forecast_seconds)
+
+
+@dataclass(frozen=True)
+class FineFrames:
+    """The trace on the finer replay steps, with its test window on those steps."""
+
+    frame: pd.DataFrame
+    step: pd.Timedelta
+    test_start: pd.Timestamp
+    test_end: pd.Timestamp
+
+
+def _fine_frames(
+    trace: DemandTrace, step: pd.Timedelta, step_minutes: int | None
+) -> FineFrames | None:
+    """The trace on `step_minutes` steps, or None to replay on the model's own step."""
+    if step_minutes is None:
+        return None
+    fine = pd.Timedelta(minutes=step_minutes)
+    if fine > step or step % fine:
+        raise InputError(
+            f"replay step {step_minutes} min must divide the {step.total_seconds() / 60:g}-min "
+            "step the model forecasts"
+        )
+    if fine == step:
+        return None
+    stepped = trace.resampled(fine)
+    frame = regularize(stepped.frame, fine, fill="ffill").drop(columns="filled")
+    return FineFrames(frame, fine, stepped.test_start, stepped.test_end)
+
+
+def _on_fine_steps(
+    fine: FineFrames,
+    uid: str,
+    ds: np.ndarray,
+    step: pd.Timedelta,
+    outlook: np.ndarray,
+    ces_future: tuple[np.ndarray, np.ndarray],
+    warmup: int,
+) -> tuple[pd.DataFrame, np.ndarray, tuple[np.ndarray, np.ndarray], tuple[int, int, int]]:
+    """Move one series' forecasts from model steps onto the fine replay steps.
+
+    A decision at fine step t sees data up to t-1; the newest model forecast it may use was
+    made at the start of t's model step b(t) from the steps before it. Row k-1 (demand at
+    t-1+k) takes that forecast's row for the model step holding t-1+k: a forecast of a
+    model step's peak minute bounds each of its minutes.
+    """
+    group = fine.frame[fine.frame["unique_id"] == uid].reset_index(drop=True)
+    fine_ds = group["ds"].to_numpy()
+    block = ((fine_ds - ds[0]) // step.to_timedelta64()).astype(np.int64)
+    block = np.clip(block, 0, ds.size - 1)
+    n, rows = fine_ds.size, outlook.shape[1]
+    t = np.arange(n)
+    fine_outlook = np.empty((n, rows, outlook.shape[2]))
+    for k in range(1, rows + 1):
+        ahead = block[np.minimum(t - 1 + k, n - 1)] - block
+        fine_outlook[:, k - 1, :] = outlook[block, np.minimum(ahead, rows - 1), :]
+    mapped = (ces_future[0][block], ces_future[1][block])
+    fine_warmup = max(int(np.searchsorted(fine_ds, ds[warmup])), 1)
+    start = int(np.searchsorted(fine_ds, np.datetime64(fine.test_start)))
+    end = int(np.searchsorted(fine_ds, np.datetime64(fine.test_end), side="right"))
+    return group, fine_outlook, mapped, (fine_warmup, start, end)
 
 
 def trace_pool(prepared: PreparedSeries, lag: int) -> NodePool:
@@ -193,7 +276,6 @@ def baseline_runs(prepared: PreparedSeries, lag: int) -> list[ReplayOutcome]:
     """`static`, `reactive`, `ces` and `oracle` over one series."""
     s = prepared.series
     step_seconds = prepared.step.total_seconds()
-    median = prepared.outlook[:, :, QUANTILES.index(0.5)] / prepared.per_node
     # The capacity the cluster really had was there all along, never booting.
     static = dataclasses.replace(replay(s, StaticPolicy(s.static), 0), lag=lag)
     policies: Sequence[ReplayPolicy] = (
@@ -210,8 +292,8 @@ def baseline_runs(prepared: PreparedSeries, lag: int) -> list[ReplayOutcome]:
         ),
         CesPolicy(
             s.demand,
-            future_mean=median @ horizon_mean_weights(prepared.horizons, CES_FUTURE),
-            future_mean2=median @ horizon_mean_weights(prepared.horizons, 2 * CES_FUTURE),
+            future_mean=prepared.ces_future[0],
+            future_mean2=prepared.ces_future[1],
             buffer=prepared.ces_buffer,
         ),
         OraclePolicy(s.demand, lag),

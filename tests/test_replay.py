@@ -21,7 +21,13 @@ from scaler.replay import (
     horizon_mean_weights,
     replay,
 )
-from scaler.scaling_bench import BenchSettings, bench_trace, prepare_trace, summarize
+from scaler.scaling_bench import (
+    BenchSettings,
+    bench_trace,
+    planner_run,
+    prepare_trace,
+    summarize,
+)
 
 STEP = pd.Timedelta("10min")
 
@@ -171,7 +177,6 @@ def test_no_decision_reads_demand_at_or_after_its_step(traces_dir: Path) -> None
     trace = load_trace(spec, split="2020-05-30")
     settings = BenchSettings(lags=(1,))
     (item,) = prepare_trace(trace, empirical_model, settings).series
-    from scaler.scaling_bench import planner_run
 
     base = planner_run(item, 1, settings.policy)
     cut = item.series.start + 100
@@ -229,3 +234,40 @@ def test_gpuscale_simulate_draws_the_fleet_and_the_frontier(
     assert result.exit_code == 0, result.output
     for name in ("fleet.png", "frontier.png", "summary.json"):
         assert (tmp_path / name).stat().st_size > 1000
+
+
+def test_replay_on_one_minute_steps_uses_only_forecasts_made_before_the_minute(
+    traces_dir: Path,
+) -> None:
+    """`step_minutes=1`: the minutes are replayed, each decision on the forecasts made at the
+    start of its 10-minute step; changing the future leaves every earlier decision as it was."""
+    spec = f"helios-vc:{traces_dir / 'helios-earth' / 'vcMod.csv.gz'}"
+    trace = load_trace(spec, split="2020-05-31")
+    coarse = prepare_trace(trace, empirical_model, BenchSettings((1,), calibration_days=2)).series[
+        0
+    ]
+    settings = BenchSettings((1,), calibration_days=2, step_minutes=1)
+    (item,) = prepare_trace(trace, empirical_model, settings).series
+    s = item.series
+    assert s.step == pd.Timedelta("1min")
+    assert s.end - s.start == 10 * (coarse.series.end - coarse.series.start)
+    # Minute t of 10-minute step b uses the forecast made at b: row 0 is b's, and at the
+    # step's last minute row 1 (minute t+1) is the next step's forecast made at b.
+    b = coarse.series.start + 3
+    t = s.start + 30
+    assert np.array_equal(
+        item.outlook[t : t + 10, 0, :], np.repeat(coarse.outlook[b : b + 1, 0], 10, 0)
+    )
+    assert np.array_equal(item.outlook[t + 9, 1], coarse.outlook[b, 1])
+    assert np.array_equal(item.outlook[t + 8, 1], coarse.outlook[b, 0])
+
+    base = planner_run(item, 1, settings.policy)
+    cut = s.start + 500
+    units = item.units.copy()
+    units[cut:] = units[cut:] * 3 + 40
+    after = planner_run(type(item)(**{**item.__dict__, "units": units}), 1, settings.policy)
+    n = cut - s.start
+    assert np.array_equal(base.paid[: n + 1], after.paid[: n + 1])
+    assert not np.array_equal(base.paid, after.paid)
+    assert replay(s, OraclePolicy(s.demand, 1), 1).shortage.sum() == 0
+    assert base.row()["step_minutes"] == 1.0
