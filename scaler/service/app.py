@@ -8,10 +8,7 @@ reason; bodies above `service.max_body_bytes` are refused with 413 before any ro
 
 from __future__ import annotations
 
-import time
-from collections.abc import Awaitable, Callable
-
-from fastapi import FastAPI, Request, Response
+from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
 
@@ -25,6 +22,7 @@ from scaler.service.context import ServiceContext
 from scaler.service.extender import Extender
 from scaler.service.metrics import ServiceMetrics
 from scaler.service.planning import PlanDesk
+from scaler.service.request_metrics import RequestMetrics
 from scaler.service.routers import extender, health, outlook, placements
 
 DESCRIPTION = """Placement and forecasts for GPU clusters.
@@ -76,16 +74,7 @@ def create_app(config: LiveConfig, system: LiveSystem | None = None) -> FastAPI:
     for router in (placements.router, extender.router, outlook.router, health.router):
         app.include_router(router)
 
-    @app.middleware("http")
-    async def count(
-        request: Request, call_next: Callable[[Request], Awaitable[Response]]
-    ) -> Response:
-        started = time.perf_counter()
-        response = await call_next(request)
-        route = getattr(request.scope.get("route"), "path", "unmatched")
-        metrics.requests.labels(request.method, route, str(response.status_code)).inc()
-        metrics.latency.labels(route).observe(time.perf_counter() - started)
-        return response
+    app.add_middleware(RequestMetrics, metrics=metrics)
 
     @app.exception_handler(RequestValidationError)
     async def invalid_request(request: Request, exc: RequestValidationError) -> JSONResponse:
