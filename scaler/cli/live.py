@@ -208,10 +208,11 @@ def bench_service(
 
     Starts `gpuscale serve` (uvicorn, one worker) in a subprocess over the nodes of
     --nodes, fills the cluster to --fill of its GPUs with committed placements, then
-    keeps --concurrency POST /v1/placements requests in flight (dry runs: decided, not
-    committed, so the state stays the same) for --seconds. Reports requests/s, p50, p90,
-    p99 and max latency as the client saw them, and the errors (any answer other than 201
-    or 409). Client and server share the machine's cores. Exits 1 on any error.
+    drives --concurrency keep-alive connections, each with one POST /v1/placements in
+    flight (dry runs: decided, not committed, so the state stays the same), for --seconds.
+    Reports requests/s, p50, p90, p99 and max latency as the client saw them, and the
+    errors (any answer other than 201 or 409). Client and server share the machine's
+    cores. Exits 1 on any error.
     """
     from scaler.service_bench import openb_nodes, run_service_bench
 
