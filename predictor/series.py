@@ -54,7 +54,7 @@ def regularize(
         if fill == "ffill":
             out["filled"] = pd.Series(dtype=bool)
         return out
-    out = pd.concat(parts, ignore_index=True)[list(frame.columns)]
+    out = pd.concat(parts, ignore_index=True).reindex(columns=list(frame.columns))
     if fill == "ffill":
         values = [c for c in out.columns if c not in KEYS]
         out["filled"] = out[values].isna().all(axis=1)
