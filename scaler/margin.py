@@ -9,6 +9,10 @@ quantile of the window's scores: at most a share alpha of steps should land abov
 errors are exchangeable over the window. Adaptive conformal inference (Gibbs and Candes,
 2021) then nudges alpha after every step, down after a miss and up after a hit, so that
 the realised miss rate tracks the target even when errors drift.
+
+An observation that capacity held for another reason already served (the planner's hold
+after a sudden fall, which catches the refill that often follows) needs no margin: scoring
+it as a jump would make every other step pay for the refills too.
 """
 
 from __future__ import annotations
@@ -56,10 +60,16 @@ class ConformalMargin:
             return q_base
         return q_base + quantile * spread
 
-    def observe(self, actual: float, q_base: float, spread: float) -> ConformalMargin:
-        """Score an observation against the forecast made for it."""
-        missed = actual > self.bound(q_base, spread)
+    def observe(
+        self, actual: float, q_base: float, spread: float, covered: bool = False
+    ) -> ConformalMargin:
+        """Score an observation against the forecast made for it. `covered`: capacity held
+        for another reason (a hold after a sudden fall) served it, so no margin was needed
+        for it and its score counts as no more than the bare quantile's."""
+        missed = actual > self.bound(q_base, spread) and not covered
         score = (actual - q_base) / spread
+        if covered:
+            score = min(score, 0.0)
         scores = np.append(self.scores, score)
         if scores.size > self.window:
             scores = scores[scores.size - self.window :]

@@ -88,7 +88,7 @@ class PlannerPolicy(BaseModel):
     )
     min_scale_down_nodes: int = Field(default=1, ge=1)
     drop_guard: float = Field(
-        default=0.1,
+        default=0.03,
         ge=0,
         description="a fall of demand by more than this share in one step is held as a dip",
     )
@@ -168,8 +168,9 @@ class GroupMemory:
     """What the planner remembers of one demand group between calls."""
 
     recent: tuple[float, ...] = ()  # last observations, newest last
-    # Forecasts made at previous calls, newest first: (base quantile, spread) per row.
-    issued: tuple[tuple[np.ndarray, np.ndarray], ...] = ()
+    # Forecasts made at previous calls, newest first: (base quantile, spread) per row, and
+    # the level a hold after a sudden fall kept then (0 when none).
+    issued: tuple[tuple[np.ndarray, np.ndarray, float], ...] = ()
     margins: tuple[ConformalMargin, ...] = ()  # one per horizon row
     last_keep: float = 0.0
     last_upper: float = math.nan  # the bound the last call set for the step it decided
@@ -348,9 +349,13 @@ def _group_need(
         for _ in range(rows)
     ]
     margins.extend(margins[-1] for _ in range(rows - len(margins)))
-    for k, (issued_base, issued_spread) in enumerate(old.issued[:rows]):
+    for k, (issued_base, issued_spread, *was_held) in enumerate(old.issued[:rows]):
+        # A memory the live loop saved before holds were recorded has no held level.
+        held = was_held[0] if was_held else 0.0
         if k < issued_base.size:
-            margins[k] = margins[k].observe(observed, issued_base[k], issued_spread[k])
+            margins[k] = margins[k].observe(
+                observed, issued_base[k], issued_spread[k], covered=observed <= held
+            )
     upper = np.array([margins[k].bound(base[k], spread[k]) for k in range(rows)])
     upper = np.maximum(upper, 0.0)
 
@@ -385,9 +390,10 @@ def _group_need(
         reason += f"; holding {hold_level:.1f} after a sudden fall"
         inputs["hold_level"] = hold_level
 
+    held = hold_level if step < hold_until else 0.0
     new = GroupMemory(
         recent=recent,
-        issued=((base, spread), *old.issued)[:rows],
+        issued=((base, spread, held), *old.issued)[:rows],
         margins=tuple(margins),
         last_keep=keep,
         last_upper=float(upper[0]),

@@ -309,6 +309,36 @@ def test_a_sudden_fall_is_held_for_the_hold_steps() -> None:
     assert sizes[2] == 2
 
 
+def test_observations_a_hold_covered_do_not_widen_the_margin() -> None:
+    """Refills after a fall are served by the held capacity: the margin that every step pays
+    for must not grow on them, while the same jumps uncovered do widen it."""
+    bare = ConformalMargin(target=0.05, window=100, min_scores=10)
+    held = bare
+    for i in range(100):
+        actual = 130.0 if i % 10 == 0 else 100.0  # a jump of 3 spreads every tenth step
+        bare = bare.observe(actual, q_base=100.0, spread=10.0)
+        held = held.observe(actual, q_base=100.0, spread=10.0, covered=actual > 100.0)
+    assert bare.bound(100.0, 10.0) == pytest.approx(130.0)
+    assert held.bound(100.0, 10.0) == pytest.approx(100.0)
+    assert bare.misses > 0 and held.misses == 0
+
+
+def test_a_refill_inside_a_hold_is_scored_as_covered() -> None:
+    """Demand falls 200 -> 10 GPUs, the plan holds 26 nodes, demand refills to 190: the
+    hold served it, so the margin learned nothing from the refill."""
+    guarded = PlannerPolicy(mode="predictive", drop_guard=0.1, drop_hold_steps=3, min_scores=1)
+    memory = plan([outlook([200, 200])], fleet(a100=26), [pool()], guarded).memory
+    memory = plan(
+        [outlook([10, 10], observed=10.0)], fleet(a100=26), [pool()], guarded, memory
+    ).memory
+    decided = plan([outlook([10, 10], observed=190.0)], fleet(a100=26), [pool()], guarded, memory)
+    # Row 0 was issued during the hold (row 1, before the fall, had 204 GPUs as its base).
+    now, ahead = decided.memory.groups["jobs"].margins
+    assert now.seen == 2 and now.misses == 0
+    assert float(now.scores.max()) <= 0.0
+    assert ahead.misses == 0
+
+
 # ---------------------------------------------------------------- static, output, config
 
 
