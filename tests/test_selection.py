@@ -1,6 +1,7 @@
-"""Model selection: the choice is made on the training window's tail only, keeps the prior
-unless a combination beats it by the margin, never loses to a single candidate there when
-free, and the forecast is exactly the chosen combination."""
+"""Model selection: the offline choice is made on the training window's tail only, keeps the
+prior unless a combination beats it by the margin and never loses to a single candidate
+there when free; after training each forecast is the mix chosen online from the realised
+forecasts up to its anchor only, exactly as the rule says."""
 
 from __future__ import annotations
 
@@ -14,7 +15,7 @@ from predictor.backtest import baseline_quantile
 from predictor.errors import InputError
 from predictor.forecast import quantile_column
 from predictor.models import build
-from predictor.models.direct import split_series
+from predictor.models.direct import split_series, uncross
 from predictor.models.selection import SelectionRule, combinations, score_window
 from predictor.synthetic import generate, load_config
 
@@ -75,7 +76,16 @@ def test_validation_is_scored_as_the_benchmark_scores(history: pd.DataFrame) -> 
     assert ratio == pytest.approx(s.pinball(np.array([[1.0, 0.0]]))[0] / s.baseline_pinball())
 
 
-def test_choice_comes_from_the_training_tail_and_is_applied_exactly(
+def _mix(frames: dict[str, pd.DataFrame], uid: str, weights: dict[str, float]) -> np.ndarray:
+    """[target, level] of the weighted sum of the candidates' forecasts of `uid`."""
+    cols = [quantile_column(q) for q in LEVELS]
+    return sum(
+        w * frames[n].loc[frames[n]["unique_id"] == uid, cols].to_numpy()
+        for n, w in weights.items()
+    )
+
+
+def test_offline_choice_comes_from_the_training_tail_and_serves_until_errors_are_realised(
     history: pd.DataFrame,
 ) -> None:
     split = history["ds"].max() - pd.Timedelta("1D")
@@ -100,30 +110,125 @@ def test_choice_comes_from_the_training_tail_and_is_applied_exactly(
             singles = [c["pinball"][n] for n in CANDIDATES]  # margin 0: the best is kept
             assert c["pinball"]["baseline"] > 0
             assert c["pinball"]["chosen"] <= min(singles) + 1e-12
-    # the forecast is the weighted sum of the candidates refitted on all of `train`
-    out = model.rolling(history, 3, split, LEVELS).frame
-    refits = {n: build(n).fit(train).rolling(history, 3, split, LEVELS).frame for n in CANDIDATES}
-    uid = series[0]
-    for q in LEVELS:
-        w = next(
-            c["weights"] for c in chosen if (c["series"], c["horizon"], c["level"]) == (uid, 3, q)
-        )
-        col = quantile_column(q)
-        mine = out.loc[out["unique_id"] == uid, col].to_numpy()
-        parts = sum(
-            weight * refits[n].loc[refits[n]["unique_id"] == uid, col].to_numpy()
-            for n, weight in w.items()
-        )
+    # an unseen series has no validation forecasts: until `minimum` of its forecasts after
+    # training are realised, it gets the pooled offline choice of the candidates refitted
+    # on all of `train`
+    unseen = history[history["unique_id"] == series[0]].assign(unique_id="new")
+    out = model.rolling(unseen, 3, split, LEVELS).frame
+    refits = {n: build(n).fit(train).rolling(unseen, 3, split, LEVELS).frame for n in CANDIDATES}
+    pooled = {
+        q: c["weights"]
+        for c in chosen
+        if c["series"] == "*" and c["horizon"] == 3
+        for q in [c["level"]]
+    }
+    early = model.online.minimum + 3  # targets whose anchor has under `minimum` realised
+    for j, q in enumerate(LEVELS):
+        expected = _mix(refits, "new", pooled[q])[:early, j]
+        mine = out[quantile_column(q)].to_numpy()[:early]
         if q == 0.5:  # the other levels may be uncrossed around the median
-            np.testing.assert_allclose(mine, parts)
+            np.testing.assert_allclose(mine, expected)
 
 
-def test_a_wide_margin_keeps_the_prior(history: pd.DataFrame) -> None:
+def test_online_choice_is_the_best_mix_over_the_realised_window(history: pd.DataFrame) -> None:
+    """Each forecast after training is the mix with the lowest pinball over the last
+    `window` realised forecasts (validation forecasts first, then the refitted candidates'
+    forecasts of targets at or before the anchor), unless it beats the prior by less than
+    the margin; checked against a direct computation, anchor by anchor."""
+    split = history["ds"].max() - pd.Timedelta("1D")
+    train = history[history["ds"] < split]
+    h, window, margin = 3, 48, 0.1
     model = build(
-        "selected", candidates=CANDIDATES, horizons=(1,), prior="empirical", margin=0.99
-    ).fit(history)
-    assert model.models.keys() == {"empirical"}  # only the prior is ever used, so refitted
+        "selected",
+        candidates=CANDIDATES,
+        horizons=(1, h),
+        prior="persistence",
+        validation=0.3,
+        online_validation=0.2,
+        window=window,
+        online_margin=margin,
+    ).fit(train)
+    assert model.trained_until == train["ds"].max()
+    out = model.rolling(history, h, split, LEVELS).frame
+    refits = {n: build(n).fit(train).rolling(history, h, split, LEVELS).frame for n in CANDIDATES}
+    step = pd.Timedelta("10min")
+    combos = model.combos
+    switched = 0
+    for uid in sorted(history["unique_id"].unique()):
+        mine = out.loc[out["unique_id"] == uid].reset_index(drop=True)
+        actual = history[history["unique_id"] == uid].set_index("ds")["y"]
+        parts = {n: f[f["unique_id"] == uid].set_index("ds") for n, f in refits.items()}
+        targets = mine["ds"]
+        expected = np.empty((len(targets), len(LEVELS)))
+        for j, q in enumerate(LEVELS):
+            seed = model.seeds[(uid, h, q)]
+            assert len(seed.actual) == window and seed.targets.max() <= train["ds"].max()
+            col = quantile_column(q)
+            stack = np.stack([parts[n][col].to_numpy() for n in CANDIDATES], axis=1)
+            for i, target in enumerate(targets):
+                anchor = target - h * step
+                # validation targets at or before the anchor (the first anchors lie in the
+                # training window), then the targets since (all steps observed here)
+                early = seed.targets <= anchor.to_datetime64()
+                realised = (targets <= anchor).to_numpy()
+                y = np.concatenate(
+                    [seed.actual[early], actual.reindex(targets[realised]).to_numpy()]
+                )
+                mixes = np.vstack([seed.forecasts[early], stack[realised]]) @ combos.T
+                diff = y[:, None] - mixes
+                # the seed alone fills `minimum`: the offline choice never serves here
+                loss = np.maximum(q * diff, (q - 1) * diff)[-window:].sum(axis=0)
+                best = int(np.argmin(loss))
+                pick = best if loss[best] < (1 - margin) * loss[0] else 0
+                switched += pick != 0
+                expected[i, j] = stack[i] @ combos[pick]
+        np.testing.assert_allclose(
+            mine[[quantile_column(q) for q in LEVELS]].to_numpy(),
+            uncross(expected, np.array(LEVELS)),
+        )
+    assert switched > 0  # the test saw the rule leave the prior
+
+
+def test_online_choice_reads_nothing_past_its_anchor(history: pd.DataFrame) -> None:
+    split = history["ds"].max() - pd.Timedelta("1D")
+    train = history[history["ds"] < split]
+    model = build(
+        "selected",
+        candidates=CANDIDATES,
+        horizons=(1, 3),
+        window=48,
+        online_margin=0.0,
+        prior="persistence",
+    ).fit(train)
+    target = split + pd.Timedelta("12h")
+    anchor = target - 3 * pd.Timedelta("10min")
+    before = model.rolling(history, 3, split, LEVELS).frame
+    perturbed = history.copy()
+    later = perturbed["ds"] > anchor
+    perturbed.loc[later, "y"] = np.random.default_rng(3).integers(0, 300, int(later.sum()))
+    after = model.rolling(perturbed, 3, split, LEVELS).frame
+    cols = [quantile_column(q) for q in LEVELS]
+    known = before["ds"] <= target
+    np.testing.assert_array_equal(before.loc[known, cols], after.loc[known, cols])
+    assert not np.array_equal(before.loc[~known, cols], after.loc[~known, cols])
+
+
+def test_wide_margins_keep_the_prior(history: pd.DataFrame) -> None:
+    split = history["ds"].max() - pd.Timedelta("1D")
+    train = history[history["ds"] < split]
+    model = build(
+        "selected",
+        candidates=CANDIDATES,
+        horizons=(1,),
+        prior="empirical",
+        margin=0.99,
+        online_margin=0.99,
+        window=48,
+    ).fit(train)
     assert all(c["weights"] == {"empirical": 1.0} for c in model.selection())
+    mine = model.rolling(history, 1, split, LEVELS).frame
+    alone = build("empirical").fit(train).rolling(history, 1, split, LEVELS).frame
+    pd.testing.assert_frame_equal(mine, alone)
 
 
 def test_bad_candidates_are_input_errors() -> None:
@@ -137,7 +242,9 @@ def test_bad_candidates_are_input_errors() -> None:
         build("selected", candidates=CANDIDATES, prior="lightgbm")
 
 
-def test_models_show_prints_the_choice(history: pd.DataFrame, tmp_path) -> None:
+def test_models_show_prints_the_choice_and_the_registry_keeps_the_forecasts(
+    history: pd.DataFrame, tmp_path
+) -> None:
     from typer.testing import CliRunner
 
     from predictor.loaders import DemandTrace
@@ -145,8 +252,10 @@ def test_models_show_prints_the_choice(history: pd.DataFrame, tmp_path) -> None:
     from predictor.training import train
     from scaler.cli import app
 
-    source = DemandTrace.from_frame(history, kind="series", unit="gpus", split=None)
-    params = {"candidates": CANDIDATES, "horizons": (1, 3), "prior": "persistence"}
+    split = history["ds"].max() - pd.Timedelta("1D")
+    early = history[history["ds"] < split]
+    source = DemandTrace.from_frame(early, kind="series", unit="gpus", split=None)
+    params = {"candidates": CANDIDATES, "horizons": (1, 3), "prior": "persistence", "window": 48}
     trained = train([source], "selected", params=params)
     registry = tmp_path / "models"
     ModelRegistry(registry).save("picked", trained.model, trained.metadata)
@@ -159,5 +268,15 @@ def test_models_show_prints_the_choice(history: pd.DataFrame, tmp_path) -> None:
     )
     assert result.exit_code == 0, result.output
     assert "unseen series" in result.output and "seasonal-naive" in result.output
+    assert "last 48 realised forecasts" in " ".join(result.output.split())
     plain = CliRunner().invoke(app, ["models", "show", "picked", "--registry", str(registry)])
-    assert json.loads(plain.output)["settings"]["candidates"] == list(CANDIDATES)
+    settings = json.loads(plain.output)["settings"]
+    assert settings["candidates"] == list(CANDIDATES)
+    assert settings["online"]["window"] == 48 and settings["online"]["margin"] == 0.5
+    # the online state travels with the model: the same forecasts after loading
+    loaded, _ = ModelRegistry(registry).load("picked")
+    for h in (1, 3):
+        pd.testing.assert_frame_equal(
+            loaded.rolling(history, h, split, LEVELS).frame,
+            trained.model.rolling(history, h, split, LEVELS).frame,
+        )

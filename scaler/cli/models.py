@@ -207,8 +207,9 @@ def models_show(
         bool,
         typer.Option(
             "--selection",
-            help="Print only a `selected` model's choice per series, horizon and level"
-            " (weights and validation pinball of every candidate) as a table.",
+            help="Print only a `selected` model's offline choice per series, horizon and level"
+            " (weights and validation pinball of every candidate) as a table, with the"
+            " settings of its online choice after training.",
         ),
     ] = False,
 ) -> None:
@@ -238,8 +239,22 @@ def _print_selection(record: Any) -> None:
     chosen = (record.metadata.get("settings") or {}).get("selection")
     if chosen is None:
         raise InputError(f"{record.name}:{record.version} is not a selected model")
-    candidates = record.metadata["settings"]["candidates"]
-    table = Table(title=f"{record.name} v{record.version}: choice on the validation tail")
+    settings = record.metadata["settings"]
+    candidates = settings["candidates"]
+    online = settings.get("online")
+    caption = (
+        None
+        if online is None
+        else f"After training ({online['trained_until']}), each forecast takes the mix with"
+        f" the lowest pinball over the last {online['window']} realised forecasts (the last"
+        f" {online['validation']:g} of training seeds them) where it beats the prior"
+        f" ({settings['prior']}) by {online['margin']:.0%}; under {online['minimum']}"
+        " realised forecasts it takes this table's offline choice."
+    )
+    table = Table(
+        title=f"{record.name} v{record.version}: offline choice on the validation tail",
+        caption=caption,
+    )
     for column in ("series", "horizon", "level", "weights", *candidates, "chosen"):
         table.add_column(column, justify="left" if column in ("series", "weights") else "right")
     for c in chosen:
