@@ -271,3 +271,11 @@ def test_replay_on_one_minute_steps_uses_only_forecasts_made_before_the_minute(
     assert not np.array_equal(base.paid, after.paid)
     assert replay(s, OraclePolicy(s.demand, 1), 1).shortage.sum() == 0
     assert base.row()["step_minutes"] == 1.0
+
+
+def test_a_replay_step_that_does_not_divide_the_model_step_is_refused(traces_dir: Path) -> None:
+    from predictor.errors import InputError
+
+    trace = load_trace(f"helios-vc:{traces_dir / 'helios-earth' / 'vcMod.csv.gz'}")
+    with pytest.raises(InputError, match="must divide"):
+        prepare_trace(trace, empirical_model, BenchSettings(step_minutes=3))
