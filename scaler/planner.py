@@ -38,6 +38,9 @@ from scaler.pools import NodePool
 
 Mode = Literal["static", "reactive", "predictive", "hybrid"]
 Objective = Literal["cost", "energy"]
+# The finest GPU share a job can ask (gpu-milli); a bound below it is a forecast's rounding
+# residue (a quantile of 0.0008 GPUs less a margin), not demand worth a node.
+GPU_SHARE = 1e-3
 
 
 class ScheduledSize(BaseModel):
@@ -357,7 +360,7 @@ def _group_need(
                 observed, issued_base[k], issued_spread[k], covered=observed <= held
             )
     upper = np.array([margins[k].bound(base[k], spread[k]) for k in range(rows)])
-    upper = np.maximum(upper, 0.0)
+    upper = np.where(upper < GPU_SHARE, 0.0, upper)
 
     add_to = float(upper[rows - 1])
     keep = float(upper.max())

@@ -339,6 +339,15 @@ def test_a_refill_inside_a_hold_is_scored_as_covered() -> None:
     assert ahead.misses == 0
 
 
+def test_a_forecast_residue_below_a_gpu_share_launches_no_node() -> None:
+    """A model's upper quantile of 0.0008 GPUs over zero demand is rounding, not demand: an
+    8-GPU node for it would be paid all the time an idle group stays idle."""
+    idle = DemandOutlook("jobs", 0.0, LEVELS, np.array([[0.0, 0.0008, 0.0008]] * 2))
+    assert plan([idle], fleet(a100=0), [pool()], PREDICTIVE).desired == {"a100": 0}
+    share = DemandOutlook("jobs", 0.0, LEVELS, np.array([[0.0, 0.002, 0.002]] * 2))
+    assert plan([share], fleet(a100=0), [pool()], PREDICTIVE).desired == {"a100": 1}
+
+
 # ---------------------------------------------------------------- static, output, config
 
 
