@@ -16,7 +16,7 @@ from predictor.errors import InputError
 from predictor.forecast import quantile_column
 from predictor.models import build
 from predictor.models.direct import split_series, uncross
-from predictor.models.selection import SelectionRule, combinations, score_window
+from predictor.models.selection import Selected, SelectionRule, combinations, score_window
 from predictor.synthetic import generate, load_config
 
 LEVELS = (0.5, 0.9, 0.99)
@@ -26,6 +26,16 @@ CANDIDATES = ("persistence", "empirical", "seasonal-naive")
 @pytest.fixture(scope="module")
 def history() -> pd.DataFrame:
     return generate(load_config(), seed=5, days=5).trace().resampled().frame
+
+
+def fitted(
+    history: pd.DataFrame, **settings: object
+) -> tuple[Selected, pd.Timestamp, pd.DataFrame]:
+    """`selected` over CANDIDATES fitted on all but the last day of `history`: the model,
+    the split and the training frame."""
+    split = history["ds"].max() - pd.Timedelta("1D")
+    train = history[history["ds"] < split]
+    return build("selected", candidates=CANDIDATES, **settings).fit(train), split, train
 
 
 def test_combinations_start_with_the_prior_and_hold_every_grid_vector_once() -> None:
@@ -88,17 +98,14 @@ def _mix(frames: dict[str, pd.DataFrame], uid: str, weights: dict[str, float]) -
 def test_offline_choice_comes_from_the_training_tail_and_serves_until_errors_are_realised(
     history: pd.DataFrame,
 ) -> None:
-    split = history["ds"].max() - pd.Timedelta("1D")
-    train = history[history["ds"] < split]
-    model = build(
-        "selected",
-        candidates=CANDIDATES,
+    model, split, train = fitted(
+        history,
         horizons=(1, 3),
         prior="mix",
         validation=0.2,
         shrink=0.0,
         margin=0.0,
-    ).fit(train)
+    )
     begin, end = model.validation_window
     assert train["ds"].min() < begin <= end <= train["ds"].max() < split
     chosen = model.selection()
@@ -135,19 +142,16 @@ def test_online_choice_is_the_best_mix_over_the_realised_window(history: pd.Data
     `window` realised forecasts (validation forecasts first, then the refitted candidates'
     forecasts of targets at or before the anchor), unless it beats the prior by less than
     the margin; checked against a direct computation, anchor by anchor."""
-    split = history["ds"].max() - pd.Timedelta("1D")
-    train = history[history["ds"] < split]
     h, window, margin = 3, 48, 0.1
-    model = build(
-        "selected",
-        candidates=CANDIDATES,
+    model, split, train = fitted(
+        history,
         horizons=(1, h),
         prior="persistence",
         validation=0.3,
         online_validation=0.2,
         window=window,
         online_margin=margin,
-    ).fit(train)
+    )
     assert model.trained_until == train["ds"].max()
     out = model.rolling(history, h, split, LEVELS).frame
     refits = {n: build(n).fit(train).rolling(history, h, split, LEVELS).frame for n in CANDIDATES}
@@ -190,16 +194,13 @@ def test_online_choice_is_the_best_mix_over_the_realised_window(history: pd.Data
 
 
 def test_online_choice_reads_nothing_past_its_anchor(history: pd.DataFrame) -> None:
-    split = history["ds"].max() - pd.Timedelta("1D")
-    train = history[history["ds"] < split]
-    model = build(
-        "selected",
-        candidates=CANDIDATES,
+    model, split, _ = fitted(
+        history,
         horizons=(1, 3),
         window=48,
         online_margin=0.0,
         prior="persistence",
-    ).fit(train)
+    )
     target = split + pd.Timedelta("12h")
     anchor = target - 3 * pd.Timedelta("10min")
     before = model.rolling(history, 3, split, LEVELS).frame
@@ -214,17 +215,14 @@ def test_online_choice_reads_nothing_past_its_anchor(history: pd.DataFrame) -> N
 
 
 def test_wide_margins_keep_the_prior(history: pd.DataFrame) -> None:
-    split = history["ds"].max() - pd.Timedelta("1D")
-    train = history[history["ds"] < split]
-    model = build(
-        "selected",
-        candidates=CANDIDATES,
+    model, split, train = fitted(
+        history,
         horizons=(1,),
         prior="empirical",
         margin=0.99,
         online_margin=0.99,
         window=48,
-    ).fit(train)
+    )
     assert all(c["weights"] == {"empirical": 1.0} for c in model.selection())
     mine = model.rolling(history, 1, split, LEVELS).frame
     alone = build("empirical").fit(train).rolling(history, 1, split, LEVELS).frame
