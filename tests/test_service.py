@@ -5,7 +5,9 @@ calls need the bearer token, and no request, however malformed, gets a 5xx."""
 
 from __future__ import annotations
 
+import asyncio
 import json
+import threading
 import warnings
 from collections.abc import Iterator
 from pathlib import Path
@@ -19,11 +21,13 @@ from hypothesis import strategies as st
 from live_fixtures import pool
 
 from predictor.store import TelemetryStore
+from scaler.live import LiveSystem
 from scaler.live_config import LiveConfig
 from scaler.placement import ClusterState, Job, NodeSpec, Placement, make_policy, place
 from scaler.placement.engine import commit
 from scaler.service import create_app
-from scaler.service.cluster import workload_mix
+from scaler.service.cluster import LiveCluster, workload_mix
+from scaler.service.context import on_engine
 from scaler.service.models import KubeNode, KubePod
 from scaler.service.scheduling import KubeNames, node_spec, parse_taint, pod_job
 
@@ -133,6 +137,25 @@ def test_placements_are_the_engines_decisions_in_sequence(fixed: TestClient) -> 
         commit(state, job, expected)
         assert (got["node"], got["gpus"]) == (expected.node, list(expected.gpus)), body["id"]
         assert got["committed"] is True and got["policy"] == "gpuscale"
+
+
+def test_engine_calls_stay_on_the_event_loop_unless_the_sources_are_due(tmp_path: Path) -> None:
+    """Placement is decided on the event loop, with no thread hop; only a call that must
+    first re-list the cluster's sources (network I/O under the lock) goes to the pool."""
+    now = [0.0]
+    config = live_config(tmp_path, placement={"sync_s": 30})
+    cluster = LiveCluster(LiveSystem.build(config), clock=lambda: now[0])
+
+    async def ran_off_the_loop() -> list[bool]:
+        loop_thread = threading.get_ident()
+        seen = []
+        for advance in (0.0, 10.0, 25.0):  # never listed; listed 10 s ago; 35 s ago
+            now[0] += advance
+            thread = await on_engine(cluster, lambda: (cluster.state(), threading.get_ident()))
+            seen.append(thread[1] != loop_thread)
+        return seen
+
+    assert asyncio.run(ran_off_the_loop()) == [True, False, True]
 
 
 def test_a_job_that_cannot_fit_gets_409_with_the_reason(fixed: TestClient) -> None:

@@ -5,7 +5,8 @@ Nodes come from the config's fixed list, else from Kubernetes (re-listed at most
 them), else from the provider's nodes with their pool's template. Jobs the service placed
 itself (`POST /v1/placements`, extender binds not yet seen on a pod) are kept and bound
 again whenever the state is rebuilt. One lock guards it all: the engine's state is not
-thread-safe and FastAPI runs routes in a thread pool.
+thread-safe, and calls come from the event loop and from the thread pool (a re-listing of
+the sources, the extender's bind, the metrics' gauges).
 """
 
 from __future__ import annotations
@@ -184,12 +185,19 @@ class LiveCluster:
         return KubePod.model_validate(self.system.kube.sanitize_for_serialization(raw))
 
     # ---- internals --------------------------------------------------------------------------
+    def sync_due(self) -> bool:
+        """Whether the next read re-lists the cluster's sources: network I/O to the API
+        server or the cloud, where every other call here is in memory."""
+        if self._synced_at is None:
+            return True
+        if not self._follows_a_source():
+            return False
+        return self._clock() - self._synced_at >= self.settings.sync_s
+
     def _sync_if_due(self) -> None:
+        if not self.sync_due():
+            return
         now = self._clock()
-        if self._synced_at is not None and now - self._synced_at < self.settings.sync_s:
-            return
-        if self._synced_at is not None and not self._follows_a_source():
-            return
         try:
             specs, observed = self._read_sources()
         except (KubeError, ValueError) as exc:

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from fastapi import APIRouter
 
-from scaler.service.context import BindAuthorized, Context
+from scaler.service.context import BindAuthorized, Context, on_engine
 from scaler.service.models import (
     ExtenderArgs,
     ExtenderBindingArgs,
@@ -18,17 +18,17 @@ router = APIRouter(prefix="/v1/extender", tags=["kube-scheduler extender"])
 
 
 @router.post("/filter", response_model=ExtenderFilterResult, response_model_exclude_none=True)
-def filter_nodes(args: ExtenderArgs, ctx: Context) -> ExtenderFilterResult:
+async def filter_nodes(args: ExtenderArgs, ctx: Context) -> ExtenderFilterResult:
     """ExtenderArgs in, ExtenderFilterResult out: the candidates the pod fits now."""
-    result = ctx.extender.filter(args)
+    result = await on_engine(ctx.cluster, lambda: ctx.extender.filter(args))
     ctx.metrics.extender.labels("filter", "error" if result.Error else "ok").inc()
     return result
 
 
 @router.post("/prioritize", response_model=list[HostPriority])
-def prioritize_nodes(args: ExtenderArgs, ctx: Context) -> list[HostPriority]:
+async def prioritize_nodes(args: ExtenderArgs, ctx: Context) -> list[HostPriority]:
     """ExtenderArgs in, HostPriorityList out: the engine's ranking, 10 for its choice."""
-    scores = ctx.extender.prioritize(args)
+    scores = await on_engine(ctx.cluster, lambda: ctx.extender.prioritize(args))
     ctx.metrics.extender.labels("prioritize", "ok").inc()
     return scores
 
@@ -41,6 +41,7 @@ def prioritize_nodes(args: ExtenderArgs, ctx: Context) -> list[HostPriority]:
 )
 def bind_pod(args: ExtenderBindingArgs, ctx: Context) -> ExtenderBindingResult:
     """ExtenderBindingArgs in, ExtenderBindingResult out: GPUs chosen, pod bound."""
+    # A plain function, run in the thread pool: binding is a call to the API server.
     result = ctx.extender.bind(args)
     ctx.metrics.extender.labels("bind", "error" if result.Error else "ok").inc()
     return result

@@ -5,7 +5,7 @@ from __future__ import annotations
 from fastapi import APIRouter, HTTPException, status
 
 from scaler.placement import Placement
-from scaler.service.context import Authorized, Context
+from scaler.service.context import Authorized, Context, on_engine
 from scaler.service.models import (
     JobRequest,
     PlacementResponse,
@@ -31,10 +31,12 @@ router = APIRouter(
         422: {"description": "the request is malformed (the field is named)"},
     },
 )
-def create_placement(request: JobRequest, ctx: Context) -> PlacementResponse:
+async def create_placement(request: JobRequest, ctx: Context) -> PlacementResponse:
     """Place a job with the configured policy and commit it (unless `dry_run`)."""
-    decided = ctx.cluster.place(
-        request.to_job(), allow_preemption=request.preempt, dry_run=request.dry_run
+    job = request.to_job()
+    decided = await on_engine(
+        ctx.cluster,
+        lambda: ctx.cluster.place(job, allow_preemption=request.preempt, dry_run=request.dry_run),
     )
     outcome = "placed" if isinstance(decided, Placement) else "unschedulable"
     ctx.metrics.placements.labels(outcome).inc()
@@ -57,9 +59,9 @@ def create_placement(request: JobRequest, ctx: Context) -> PlacementResponse:
     dependencies=[Authorized],
     responses={404: {"description": "no job of that id is placed"}},
 )
-def delete_placement(job_id: str, ctx: Context) -> ReleaseResponse:
+async def delete_placement(job_id: str, ctx: Context) -> ReleaseResponse:
     """Release a job's node and GPUs (it finished or was moved)."""
-    released = ctx.cluster.release(job_id)
+    released = await on_engine(ctx.cluster, lambda: ctx.cluster.release(job_id))
     if released is None:
         raise HTTPException(status.HTTP_404_NOT_FOUND, f"no placed job {job_id!r}")
     return ReleaseResponse(job_id=job_id, node=released.node, gpus=list(released.gpus or ()))
