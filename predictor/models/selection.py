@@ -114,7 +114,7 @@ class OnlineRule:
         return np.where(known - first < self.minimum, -1, np.where(beats, best, 0))
 
 
-# Settled on the pseudo-test windows (module docstring), then frozen.
+# Settled on the pseudo-test windows (models/README.md), then frozen.
 DEFAULT_CANDIDATES: tuple[str, ...] = ("gpuscale", "lightgbm", "torch")
 DEFAULT_PRIOR = "lightgbm"
 DEFAULT_VALIDATION = 0.35
