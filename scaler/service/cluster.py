@@ -185,14 +185,15 @@ class LiveCluster:
         return KubePod.model_validate(self.system.kube.sanitize_for_serialization(raw))
 
     # ---- internals --------------------------------------------------------------------------
-    def sync_due(self) -> bool:
-        """Whether the next read re-lists the cluster's sources: network I/O to the API
-        server or the cloud, where every other call here is in memory."""
+    def sync_due(self, within_s: float = 0.0) -> bool:
+        """Whether a read in the next `within_s` seconds re-lists the cluster's sources:
+        network I/O to the API server or the cloud, where every other call here is in
+        memory."""
         if self._synced_at is None:
             return True
         if not self._follows_a_source():
             return False
-        return self._clock() - self._synced_at >= self.settings.sync_s
+        return self._clock() + within_s - self._synced_at >= self.settings.sync_s
 
     def _sync_if_due(self) -> None:
         if not self.sync_due():

@@ -48,8 +48,9 @@ async def on_engine(cluster: LiveCluster, decide: Callable[[], T]) -> T:
     threads queueing for the GIL and the cluster's lock, cost more than placing (2.5 x the
     placements per second under load without them). When the cluster must first re-list
     its sources, a network round trip made under the lock, the call goes to the thread pool
-    so that the loop never waits on I/O."""
-    if cluster.sync_due():
+    so that the loop never waits on I/O. "Must" looks a second ahead: a re-listing falling
+    due between this check and the call would otherwise run on the loop."""
+    if cluster.sync_due(within_s=1.0):
         return await run_in_threadpool(decide)
     return decide()
 
