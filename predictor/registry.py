@@ -32,6 +32,7 @@ from typing import Any
 
 from predictor.errors import InputError
 from predictor.forecast import Forecaster
+from predictor.json_values import json_value
 
 ARTIFACT = "model.pkl"
 METADATA = "metadata.json"
@@ -114,7 +115,7 @@ class ModelRegistry:
                     },
                     "libraries": library_versions(),
                 }
-                text = json.dumps(record, indent=2, default=_jsonable)
+                text = json.dumps(record, indent=2, default=json_value)
                 (staging / METADATA).write_text(text + "\n")
                 _fsync_tree(staging)
                 try:
@@ -181,11 +182,3 @@ def _fsync_tree(folder: Path) -> None:
     for file in folder.iterdir():
         with file.open("rb") as handle:
             os.fsync(handle.fileno())
-
-
-def _jsonable(value: object) -> object:
-    if hasattr(value, "isoformat"):
-        return value.isoformat()
-    if hasattr(value, "tolist"):
-        return value.tolist()
-    return str(value)

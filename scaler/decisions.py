@@ -27,6 +27,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Literal
 
+from predictor.json_values import json_value
 from predictor.sqlite_db import SqliteFile
 
 FILENAME = "decisions.sqlite"
@@ -202,12 +203,4 @@ def _put(conn: sqlite3.Connection, key: str, value: Any) -> None:
 
 
 def _json(value: Any) -> str:
-    return json.dumps(value, sort_keys=True, default=_jsonable)
-
-
-def _jsonable(value: object) -> object:
-    if hasattr(value, "isoformat"):
-        return value.isoformat()
-    if hasattr(value, "tolist"):
-        return value.tolist()
-    return str(value)
+    return json.dumps(value, sort_keys=True, default=json_value)
