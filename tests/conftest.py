@@ -37,3 +37,15 @@ def moto() -> Iterator[Any]:
     server = MotoServer().start()
     yield server
     server.stop()
+
+
+@pytest.fixture
+def fake() -> Iterator[Any]:
+    """The fake Kubernetes API server; it refuses evictions that a PodDisruptionBudget
+    would, as the real one does."""
+    from fake_kube import FakeKube, disruption_budget_policy
+
+    kube = FakeKube().start()
+    kube.eviction_policy = disruption_budget_policy(kube)
+    yield kube
+    kube.stop()

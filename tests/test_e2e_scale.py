@@ -19,7 +19,7 @@ from typing import Any
 
 import pytest
 from conftest import require_service
-from fake_kube import FakeKube, disruption_budget_policy
+from fake_kube import FakeKube
 from live_fixtures import (
     Asg,
     aws_env,
@@ -53,14 +53,6 @@ def prometheus(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[Any, 
     yield server, exporter
     server.stop()
     exporter.stop()
-
-
-@pytest.fixture
-def fake() -> Iterator[FakeKube]:
-    kube = FakeKube().start()
-    kube.eviction_policy = disruption_budget_policy(kube)
-    yield kube
-    kube.stop()
 
 
 def demand_values(pods: int) -> Values:

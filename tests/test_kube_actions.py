@@ -4,12 +4,11 @@ reconciled idempotently across a restart."""
 
 from __future__ import annotations
 
-from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import Any
 
 import pytest
-from fake_kube import FakeKube, disruption_budget_policy
+from fake_kube import FakeKube
 from kubernetes import client as k8s
 
 from scaler.kube.errors import KubeError
@@ -40,14 +39,6 @@ POOL = NodePool(
     min_size=1,
     max_size=6,
 )
-
-
-@pytest.fixture
-def fake() -> Iterator[FakeKube]:
-    kube = FakeKube().start()
-    kube.eviction_policy = disruption_budget_policy(kube)
-    yield kube
-    kube.stop()
 
 
 def client_for(fake: FakeKube) -> k8s.ApiClient:

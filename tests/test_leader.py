@@ -3,8 +3,6 @@ fake API server, with each replica on a clock the test moves."""
 
 from __future__ import annotations
 
-from collections.abc import Iterator
-
 import pytest
 from fake_kube import FakeKube
 from kubernetes import client as k8s
@@ -13,13 +11,6 @@ from scaler.leader import LeaderElector, NotLeader
 from scaler.live_config import LeaseSection
 
 SETTINGS = dict(name="scaler", namespace="ops", duration_s=10, renew_deadline_s=8, retry_s=2)
-
-
-@pytest.fixture
-def fake() -> Iterator[FakeKube]:
-    kube = FakeKube().start()
-    yield kube
-    kube.stop()
 
 
 class Replica:
