@@ -138,6 +138,31 @@ class Asg:
         }
 
 
+def aws_config(path: Path, moto_url: str, asg: Asg, state_dir: Path, **extra: Any) -> Path:
+    """A live config on the AWS provider (moto's server), one pool bound to `asg`, the
+    persistence model and the fast policy; `extra` adds or replaces top-level sections."""
+    from moto_fixture import REGION
+
+    return write_config(
+        path,
+        {
+            "state_dir": str(state_dir),
+            "pools": [pool(min_size=1)],
+            "provider": {
+                "kind": "aws",
+                "aws": {
+                    "region": REGION,
+                    "endpoint_url": moto_url,
+                    "bindings": [{"pool": "a100", "auto_scaling_group": asg.name}],
+                },
+            },
+            "model": {"name": "persistence"},
+            "policy": fast_policy(),
+            **extra,
+        },
+    )
+
+
 def kube_node_name(instance: str) -> str:
     return f"ip-{instance}.ec2.internal"
 

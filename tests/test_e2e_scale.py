@@ -22,9 +22,8 @@ from conftest import require_service
 from fake_kube import FakeKube
 from live_fixtures import (
     Asg,
+    aws_config,
     aws_env,
-    fast_policy,
-    pool,
     register_nodes,
     run_pod,
     scale_app,
@@ -94,7 +93,7 @@ def test_demand_up_scales_the_group_and_pre_positions_then_down_drains_and_shrin
     fake: FakeKube,
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
-    from moto_fixture import REGION, session
+    from moto_fixture import session
 
     for key, value in aws_env().items():
         monkeypatch.setenv(key, value)
@@ -127,27 +126,16 @@ def test_demand_up_scales_the_group_and_pre_positions_then_down_drains_and_shrin
             },
         },
     )
-    live_config = write_config(
+    live_config = aws_config(
         tmp_path / "live.yaml",
-        {
-            "state_dir": str(state_dir),
-            "pools": [pool(min_size=1)],
-            "provider": {
-                "kind": "aws",
-                "aws": {
-                    "region": REGION,
-                    "endpoint_url": moto.url,
-                    "bindings": [{"pool": "a100", "auto_scaling_group": asg.name}],
-                },
-            },
-            "kubernetes": {
-                "host": fake.url,
-                "drain": {"timeout_s": 0.3, "poll_s": 0.05, "unremovable_s": 600},
-            },
-            "model": {"name": "persistence"},
-            "policy": fast_policy(),
-            "lease": {"identity": "e2e", "duration_s": 5, "renew_deadline_s": 4, "retry_s": 1},
+        moto.url,
+        asg,
+        state_dir,
+        kubernetes={
+            "host": fake.url,
+            "drain": {"timeout_s": 0.3, "poll_s": 0.05, "unremovable_s": 600},
         },
+        lease={"identity": "e2e", "duration_s": 5, "renew_deadline_s": 4, "retry_s": 1},
     )
 
     # One training pod: the forecast sees 8 GPUs.

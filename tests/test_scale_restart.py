@@ -19,13 +19,11 @@ import pytest
 from fake_kube import FakeKube
 from live_fixtures import (
     Asg,
+    aws_config,
     aws_env,
-    fast_policy,
-    pool,
     scale_app,
     spawn_scale,
     wait_for,
-    write_config,
     write_demand,
 )
 from typer.testing import CliRunner
@@ -37,27 +35,14 @@ pytestmark = pytest.mark.integration
 START_S = 60.0  # a cold Python start with pandas, boto3 and the kubernetes client
 
 
-def aws_config(tmp_path: Path, moto: Any, asg: Asg, state_dir: Path, **extra: Any) -> Path:
-    from moto_fixture import REGION
-
-    return write_config(
+def restart_config(tmp_path: Path, moto: Any, asg: Asg, state_dir: Path, **extra: Any) -> Path:
+    return aws_config(
         tmp_path / f"{state_dir.name}.yaml",
-        {
-            "state_dir": str(state_dir),
-            "pools": [pool(min_size=1)],
-            "provider": {
-                "kind": "aws",
-                "aws": {
-                    "region": REGION,
-                    "endpoint_url": moto.url,
-                    "bindings": [{"pool": "a100", "auto_scaling_group": asg.name}],
-                },
-            },
-            "demand": {"stale_after_s": 3600},
-            "model": {"name": "persistence"},
-            "policy": fast_policy(),
-            **extra,
-        },
+        moto.url,
+        asg,
+        state_dir,
+        demand={"stale_after_s": 3600},
+        **extra,
     )
 
 
@@ -70,7 +55,7 @@ def test_killed_mid_scale_up_and_restarted_launches_nothing_twice(
     asg = Asg.create(session(), moto.url, desired=1)
     state_dir = tmp_path / "state"
     write_demand(state_dir, "a100", [8.0] * 5 + [40.0])  # 40 GPUs: five 8-GPU nodes
-    config = aws_config(tmp_path, moto, asg, state_dir)
+    config = restart_config(tmp_path, moto, asg, state_dir)
     log = DecisionLog(state_dir)
 
     first = spawn_scale(
@@ -146,7 +131,7 @@ def test_two_daemons_only_the_lease_holder_acts(tmp_path: Path, moto: Any) -> No
             write_demand(state_dir, "a100", [8.0] * 5 + [40.0])
             replicas[name] = (
                 state_dir,
-                aws_config(
+                restart_config(
                     tmp_path,
                     moto,
                     asg,
