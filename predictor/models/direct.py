@@ -124,6 +124,13 @@ class DirectForecaster(ABC):
         """Array [anchor, level] of forecasts of y[anchor + horizon], from rows <= anchor
         (anchors are ascending; `levels` ascending)."""
 
+    def _quantiles_of_all(
+        self, asked: Sequence[tuple[SeriesArrays, np.ndarray]], horizon: int, levels: np.ndarray
+    ) -> list[np.ndarray]:
+        """`_quantiles` of every (series, anchors) pair asked in one call; a model whose
+        forecast of one series reads the others' realised past overrides this."""
+        return [self._quantiles(s, anchors, horizon, levels) for s, anchors in asked]
+
     def rolling(
         self,
         history: pd.DataFrame,
@@ -132,42 +139,42 @@ class DirectForecaster(ABC):
         quantiles: Sequence[float],
     ) -> DemandForecast:
         check_request([horizon], quantiles)
-        parts = []
+        asked = []
         for s in split_series(history):
             first = max(s.index_of(start), horizon)
-            if first >= s.size:
-                continue
-            anchors = np.arange(first - horizon, s.size - horizon)
-            targets = s.ds[anchors + horizon]
-            parts.append(self._frame(s, anchors, targets, horizon, quantiles))
-        return _collect(parts, quantiles)
+            if first < s.size:
+                asked.append((s, np.arange(first - horizon, s.size - horizon)))
+        return _collect(self._frames(asked, horizon, quantiles), quantiles)
 
     def forecast(
         self, history: pd.DataFrame, horizons: Sequence[int], quantiles: Sequence[float]
     ) -> DemandForecast:
         check_request(horizons, quantiles)
-        parts = []
-        for s in split_series(history):
-            last = np.array([s.size - 1])
-            for h in sorted({int(h) for h in horizons}):
-                target = s.ds[last] + np.timedelta64(h * s.step)
-                parts.append(self._frame(s, last, target, h, quantiles))
+        series = split_series(history)
+        last = [(s, np.array([s.size - 1])) for s in series]
+        by_horizon = [self._frames(last, h, quantiles) for h in sorted({int(h) for h in horizons})]
+        # series by series, horizons in order within each
+        parts = [frames[i] for i in range(len(series)) for frames in by_horizon]
         return _collect(parts, quantiles)
 
-    def _frame(
+    def _frames(
         self,
-        s: SeriesArrays,
-        anchors: np.ndarray,
-        targets: np.ndarray,
+        asked: Sequence[tuple[SeriesArrays, np.ndarray]],
         horizon: int,
         quantiles: Sequence[float],
-    ) -> pd.DataFrame:
+    ) -> list[pd.DataFrame]:
         levels = np.array(sorted(set(quantiles)), dtype=float)
-        values = uncross(self._quantiles(s, anchors, horizon, levels), levels)
-        frame = pd.DataFrame({"unique_id": s.unique_id, "ds": targets, "horizon": horizon})
-        for j, q in enumerate(levels):
-            frame[quantile_column(q)] = values[:, j]
-        return frame
+        frames = []
+        for (s, anchors), values in zip(
+            asked, self._quantiles_of_all(asked, horizon, levels), strict=True
+        ):
+            values = uncross(values, levels)
+            targets = s.ds[anchors] + np.timedelta64(horizon * s.step)
+            frame = pd.DataFrame({"unique_id": s.unique_id, "ds": targets, "horizon": horizon})
+            for j, q in enumerate(levels):
+                frame[quantile_column(q)] = values[:, j]
+            frames.append(frame)
+        return frames
 
 
 def uncross(values: np.ndarray, levels: np.ndarray) -> np.ndarray:

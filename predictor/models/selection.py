@@ -16,18 +16,22 @@ a p99. The pooled choice (shrink 1) serves series the model has not seen. Every 
 is then refitted on the whole history. Nothing after the history `fit` receives is read,
 so a benchmark's test window stays unseen.
 
-Online choice. A forecast made after training (anchor t, target t + h) takes, per series,
-horizon and level, the combination with the lowest summed pinball loss over the last
-`window` realised forecasts (targets at or before t, observed at the target and h steps
-before it, as the benchmark scores): first the forecasts of the last stretch of training
-by candidates fitted before its last `online_validation` share (the seed, kept in the
-model), then the refitted candidates' own forecasts of the targets after training. It
-displaces the prior only where it beats it by the relative `online_margin`; with fewer
-than `OnlineRule.minimum` realised forecasts (a series not seen in training, at first)
-the offline choice serves. So the choice at t is a function of data up to t only, and
-`rolling` and `forecast` give the same answer at the same anchor. Horizons and levels that
-were not validated are seeded by the nearest validated ones (horizon in sqrt(h)); the
-offline weights likewise.
+Online choice. A forecast made after training (anchor t, target t + h) takes, per horizon
+and level, one combination for all the series forecast together: the one with the lowest
+mean, over the series, of its summed pinball loss over the series' last `window` realised
+forecasts relative to the baseline's on the same forecasts (targets at or before t,
+observed at the target and h steps before it, as the benchmark scores): first the
+forecasts of the last stretch of training by candidates fitted before its last
+`online_validation` share (the seed, kept in the model), then the refitted candidates' own
+forecasts of the targets after training. Pooling is what keeps one series' rare events
+from flipping its choice back and forth (a nearly idle series judges a p99 on a handful of
+jumps), as the offline choice pools. The choice displaces the prior only where it beats it
+by the relative `online_margin`; a series counts once it has `OnlineRule.minimum` realised
+forecasts and a baseline loss above zero, and with none to count the offline choice
+serves. So the choice at t is a function of data up to t only, and `rolling` and
+`forecast` give the same answer at the same anchor for the same series. Horizons and
+levels that were not validated are seeded by the nearest validated ones (horizon in
+sqrt(h)); the offline weights likewise.
 
 How the rule's own settings were chosen without looking at a benchmark's test windows, and
 what they gave there, is recorded in models/README.md ("How `selected` was validated").
@@ -87,10 +91,13 @@ class SelectionRule:
 
 @dataclass(frozen=True)
 class OnlineRule:
-    """How realised losses become a choice at each anchor: the combination with the lowest
-    pinball over the last `window` realised forecasts, kept only where it beats the prior
-    (combination 0) by the relative `margin`; under `minimum` realised forecasts no choice
-    (-1), and the offline choice stands."""
+    """How realised losses become a choice at each anchor, one choice for all the series
+    forecast together: per series, each combination's pinball over its last `window`
+    realised forecasts relative to the baseline's over the same forecasts (so each series
+    counts alike, as in the benchmark's mean ratio), averaged over the series with at
+    least `minimum` realised forecasts and a baseline loss above zero; the best combination
+    is kept only where it beats the prior (combination 0) by the relative `margin`. With no
+    series to judge, no choice (-1), and the offline choice stands."""
 
     window: int
     margin: float
@@ -102,16 +109,36 @@ class OnlineRule:
         if not 0.0 <= self.margin < 1.0:
             raise InputError(f"online margin must be in [0, 1), got {self.margin}")
 
-    def choose(self, losses: np.ndarray, known: np.ndarray) -> np.ndarray:
-        """The index of the chosen combination at each anchor, from `losses` [forecast,
-        combination] of the realised forecasts in time order, of which the first `known[i]`
-        are realised at anchor i."""
+    def windowed(
+        self, losses: np.ndarray, base: np.ndarray, known: np.ndarray
+    ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """Summed `losses` [forecast, combination] and `base` [forecast] of one series'
+        realised forecasts (in time order) over the window at each moment, of which the
+        first `known[i]` are realised at moment i; and how many the window holds."""
         total = np.vstack([np.zeros((1, losses.shape[1])), np.cumsum(losses, axis=0)])
+        total_base = np.concatenate([[0.0], np.cumsum(base)])
         first = np.maximum(known - self.window, 0)
-        score = total[known] - total[first]
-        best = np.argmin(score, axis=1)
-        beats = score[np.arange(best.size), best] < (1.0 - self.margin) * score[:, 0]
-        return np.where(known - first < self.minimum, -1, np.where(beats, best, 0))
+        return total[known] - total[first], total_base[known] - total_base[first], known - first
+
+    def choose(self, scores: np.ndarray, judged: np.ndarray) -> np.ndarray:
+        """The index of the chosen combination at each moment from the summed relative
+        `scores` [moment, combination] of `judged` series."""
+        best = np.argmin(scores, axis=1)
+        beats = scores[np.arange(best.size), best] < (1.0 - self.margin) * scores[:, 0]
+        return np.where(judged == 0, -1, np.where(beats, best, 0))
+
+
+@dataclass(frozen=True)
+class Realised:
+    """One series' candidate forecasts [step, level, candidate] at the anchors asked, and
+    the forecasts realised after training with their actuals, baseline quantiles [step,
+    level] and target moments."""
+
+    at_anchor: np.ndarray
+    actual: np.ndarray
+    forecasts: np.ndarray
+    baseline: np.ndarray
+    targets: np.ndarray
 
 
 # Settled on the pseudo-test windows (models/README.md), then frozen.
@@ -119,8 +146,8 @@ DEFAULT_CANDIDATES: tuple[str, ...] = ("gpuscale", "lightgbm", "torch")
 DEFAULT_PRIOR = "lightgbm"
 DEFAULT_VALIDATION = 0.35
 DEFAULT_RULE = SelectionRule(shrink=1.0, margin=0.4)
-DEFAULT_ONLINE = OnlineRule(window=432, margin=0.5)
-DEFAULT_ONLINE_VALIDATION = 0.2
+DEFAULT_ONLINE = OnlineRule(window=144, margin=0.2)
+DEFAULT_ONLINE_VALIDATION = DEFAULT_VALIDATION
 EQUAL_MIX = "mix"
 
 
@@ -217,6 +244,13 @@ def score_window(
     return out
 
 
+def _changes(s: SeriesArrays, horizon: int) -> np.ndarray:
+    """The h-step changes y[t] - y[t-h] between observed steps of one series."""
+    y = np.where(s.observed, s.y, np.nan)
+    changes = y[horizon:] - y[:-horizon]
+    return changes[np.isfinite(changes)]
+
+
 class Selected(DirectForecaster):
     """The backtested combination of `candidates` per series, horizon and level, chosen
     offline on the training tail and online from the realised forecasts after it.
@@ -286,6 +320,9 @@ class Selected(DirectForecaster):
         # the last `window` validation forecasts per series, horizon and level, which the
         # online choice counts as realised before the first forecast after training
         self.seeds: dict[Key, Scored] = {}
+        # changes[(series, horizon, level)] -> the training quantile of h-step changes: the
+        # baseline the online choice scales each series' losses by
+        self.changes: dict[Key, float] = {}
         self.trained_until: pd.Timestamp | None = None
         self.models: dict[str, Forecaster] = {}
 
@@ -344,6 +381,13 @@ class Selected(DirectForecaster):
         self.seeds = {k: s.tail(self.online.window) for k, s in scored.items()}
         history = self._history(series)
         self.trained_until = history["ds"].max()
+        self.changes = {
+            (s.unique_id, h, float(q)): float(np.quantile(changes, q))
+            for s in series
+            for h in self.horizons
+            if (changes := _changes(s, h)).size
+            for q in self.levels
+        }
         # the online choice may take any candidate
         self.models = {name: self._build(name).fit(history) for name in self.candidates}
 
@@ -359,22 +403,75 @@ class Selected(DirectForecaster):
     def _quantiles(
         self, s: SeriesArrays, anchors: np.ndarray, horizon: int, levels: np.ndarray
     ) -> np.ndarray:
+        return self._quantiles_of_all([(s, anchors)], horizon, levels)[0]
+
+    def _quantiles_of_all(
+        self, asked: Sequence[tuple[SeriesArrays, np.ndarray]], horizon: int, levels: np.ndarray
+    ) -> list[np.ndarray]:
         if not self.models:
             raise InputError(f"model {self.name!r} is not fitted")
-        # targets realised by the last anchor whose forecasts were made after training,
-        # scored as the benchmark scores (observed at t and t - h); only the last `window`
-        # before the first anchor and those after it can count
+        combos = self.combos
+        realised = [self._realised(s, anchors, horizon, levels) for s, anchors in asked]
+        # every anchor moment of the call, and per series how many of its realised
+        # forecasts (seed first) are known at each
+        moments = np.unique(np.concatenate([s.ds[anchors] for s, anchors in asked]))
+        out = [np.empty((anchors.size, levels.size)) for _, anchors in asked]
+        for j, q in enumerate(levels):
+            scores = np.zeros((moments.size, len(combos)))
+            counted = np.zeros(moments.size, dtype=int)
+            for (s, _), r in zip(asked, realised, strict=True):
+                losses, base, known = self._losses(s.unique_id, r, horizon, j, float(q), moments)
+                window, base_window, count = self.online.windowed(losses, base, known)
+                judged = (count >= self.online.minimum) & (base_window > 0.0)
+                scores[judged] += window[judged] / base_window[judged, None]
+                counted += judged
+            picks = self.online.choose(scores, counted)
+            for i, (s, anchors) in enumerate(asked):
+                at = picks[np.searchsorted(moments, s.ds[anchors])]
+                offline = self._weight(s.unique_id, horizon, float(q))
+                weights = np.where(at[:, None] >= 0, combos[at], offline[None, :])
+                out[i][:, j] = np.sum(realised[i].at_anchor[:, j] * weights, axis=1)
+        return out
+
+    def _losses(
+        self, uid: str, r: Realised, horizon: int, j: int, level: float, moments: np.ndarray
+    ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """Pinball losses [forecast, combination] and the baseline's [forecast] of one
+        series' realised forecasts at level `levels[j]`, the seed first, and how many of
+        them are realised at each of `moments`."""
+        combos = self.combos
+        losses = pinball_rows(r.actual, r.forecasts[:, j] @ combos.T, level)
+        base = pinball_rows(r.actual, r.baseline[:, j : j + 1], level)[:, 0]
+        known = np.searchsorted(r.targets, moments, side="right")
+        seed = self.seeds.get((uid, *self._nearest(horizon, level)))
+        if seed is None:
+            return losses, base, known
+        return (
+            np.vstack([pinball_rows(seed.actual, seed.forecasts @ combos.T, seed.level), losses]),
+            np.concatenate(
+                [pinball_rows(seed.actual, seed.baseline[:, None], seed.level)[:, 0], base]
+            ),
+            known + np.searchsorted(seed.targets, moments, side="right"),
+        )
+
+    def _realised(
+        self, s: SeriesArrays, anchors: np.ndarray, horizon: int, levels: np.ndarray
+    ) -> Realised:
+        """The candidates' forecasts at `anchors`, and of the targets realised after
+        training by the last anchor (scored as the benchmark scores: observed at t and
+        t - h; only the last `window` before the first anchor and those after it can count)
+        with the baseline's quantiles for them."""
         rows = np.arange(s.size)
-        realised = rows[
+        done = rows[
             (rows >= horizon)
             & (rows <= anchors[-1])
             & (s.ds > np.datetime64(self.trained_until))
             & s.observed
             & np.roll(s.observed, horizon)
         ]
-        before_first = int(np.searchsorted(realised, anchors[0], side="right"))
-        realised = realised[max(before_first - self.online.window, 0) :]
-        asked = np.union1d(anchors, realised - horizon)
+        before_first = int(np.searchsorted(done, anchors[0], side="right"))
+        done = done[max(before_first - self.online.window, 0) :]
+        asked = np.union1d(anchors, done - horizon)
         # [anchor, level, candidate], uncrossed as in the candidates' own forecasts
         parts = np.stack(
             [
@@ -383,23 +480,19 @@ class Selected(DirectForecaster):
             ],
             axis=2,
         )
-        at_anchor = parts[np.searchsorted(asked, anchors)]
-        at_realised = parts[np.searchsorted(asked, realised - horizon)]
-        combos = self.combos
-        out = np.empty((anchors.size, levels.size))
-        for j, q in enumerate(levels):
-            offline = self._weight(s.unique_id, horizon, float(q))
-            seed = self.seeds.get((s.unique_id, *self._nearest(horizon, float(q))))
-            losses = pinball_rows(s.y[realised], at_realised[:, j] @ combos.T, float(q))
-            known = np.searchsorted(realised, anchors, side="right")
-            if seed is not None:
-                seeded = pinball_rows(seed.actual, seed.forecasts @ combos.T, seed.level)
-                losses = np.vstack([seeded, losses])
-                known = known + np.searchsorted(seed.targets, s.ds[anchors], side="right")
-            picks = self.online.choose(losses, known)
-            weights = np.where(picks[:, None] >= 0, combos[picks], offline[None, :])
-            out[:, j] = np.sum(at_anchor[:, j] * weights, axis=1)
-        return out
+        change = np.array([self._change(s.unique_id, horizon, float(q)) for q in levels])
+        return Realised(
+            at_anchor=parts[np.searchsorted(asked, anchors)],
+            actual=s.y[done],
+            forecasts=parts[np.searchsorted(asked, done - horizon)],
+            baseline=s.y[done - horizon][:, None] + change[None, :],
+            targets=s.ds[done],
+        )
+
+    def _change(self, uid: str, horizon: int, level: float) -> float:
+        """The training quantile of h-step changes behind the baseline; NaN for a series
+        not seen in training (its losses then have no scale and do not vote)."""
+        return self.changes.get((uid, *self._nearest(horizon, level)), np.nan)
 
     def selection(self) -> list[dict[str, object]]:
         """The offline choice per series, horizon and level with its validation scores

@@ -245,11 +245,13 @@ def _print_selection(record: Any) -> None:
     caption = (
         None
         if online is None
-        else f"After training ({online['trained_until']}), each forecast takes the mix with"
-        f" the lowest pinball over the last {online['window']} realised forecasts (the last"
+        else f"After training ({online['trained_until']}), the forecasts of all series take"
+        " the mix with the lowest pinball, relative to the baseline's and averaged over the"
+        f" series, over each series' last {online['window']} realised forecasts (the last"
         f" {online['validation']:g} of training seeds them) where it beats the prior"
-        f" ({settings['prior']}) by {online['margin']:.0%}; under {online['minimum']}"
-        " realised forecasts it takes this table's offline choice."
+        f" ({settings['prior']}) by {online['margin']:.0%}; a series counts from"
+        f" {online['minimum']} realised forecasts on, and with none counting they take this"
+        " table's offline choice."
     )
     table = Table(
         title=f"{record.name} v{record.version}: offline choice on the validation tail",
