@@ -10,8 +10,8 @@
   benchmark's baseline);
 - `torch`: a global PyTorch quantile network (needs torch, imported when built);
 - `torch-conformal`: the `gpuscale` calibration around that network;
-- `selected`: per series, horizon and level, the best combination of other models on a
-  validation tail of the training window;
+- `selected`: per horizon and level, the best combination of other models, chosen on a
+  validation tail of the training window and then online from the realised forecasts;
 - `sharded`: one model per shard of series, fitted on a Dask cluster when given one.
 """
 
