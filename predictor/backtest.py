@@ -42,14 +42,19 @@ def coverage(actual: np.ndarray, quantile: np.ndarray) -> float:
     return float(np.mean(np.asarray(actual) <= np.asarray(quantile)))
 
 
+def h_step_changes(y: np.ndarray, horizon: int) -> np.ndarray:
+    """The changes y[t] - y[t-h] where both ends are observed (unobserved steps are NaN)."""
+    y = np.asarray(y, dtype=float)
+    changes = y[horizon:] - y[:-horizon]
+    return changes[np.isfinite(changes)]
+
+
 def baseline_quantile(
     train_y: np.ndarray, last: np.ndarray, horizon: int, level: float
 ) -> np.ndarray:
     """BENCHMARKS.md's baseline: y[t-h] plus the empirical `level` quantile of the h-step
     changes y[s] - y[s-h] over the training window (NaN pairs skipped)."""
-    train_y = np.asarray(train_y, dtype=float)
-    changes = train_y[horizon:] - train_y[:-horizon]
-    changes = changes[np.isfinite(changes)]
+    changes = h_step_changes(train_y, horizon)
     if changes.size == 0:
         raise InputError(f"training window too short for the {horizon}-step baseline")
     return np.asarray(last, dtype=float) + float(np.quantile(changes, level))

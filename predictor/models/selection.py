@@ -48,6 +48,7 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
+from predictor.backtest import h_step_changes
 from predictor.errors import InputError
 from predictor.forecast import Forecaster, quantile_column
 from predictor.models.direct import DirectForecaster, SeriesArrays, uncross
@@ -222,8 +223,7 @@ def score_window(
         for h, frames in forecasts.items():
             parts = [f[f["unique_id"] == s.unique_id].set_index("ds") for f in frames]
             target = parts[0].index[parts[0].index >= start]
-            changes = before_start[h:] - before_start[:-h]
-            changes = changes[np.isfinite(changes)]
+            changes = h_step_changes(before_start, h)
             if target.empty or changes.size == 0:
                 continue
             y = actual.reindex(target).to_numpy()
@@ -242,13 +242,6 @@ def score_window(
                     targets=target.to_numpy()[keep],
                 )
     return out
-
-
-def _changes(s: SeriesArrays, horizon: int) -> np.ndarray:
-    """The h-step changes y[t] - y[t-h] between observed steps of one series."""
-    y = np.where(s.observed, s.y, np.nan)
-    changes = y[horizon:] - y[:-horizon]
-    return changes[np.isfinite(changes)]
 
 
 class Selected(DirectForecaster):
@@ -385,7 +378,7 @@ class Selected(DirectForecaster):
             (s.unique_id, h, float(q)): float(np.quantile(changes, q))
             for s in series
             for h in self.horizons
-            if (changes := _changes(s, h)).size
+            if (changes := h_step_changes(np.where(s.observed, s.y, np.nan), h)).size
             for q in self.levels
         }
         # the online choice may take any candidate
