@@ -105,3 +105,18 @@ def test_train_command_fits_on_the_dask_scheduler(cluster, tmp_path) -> None:
     shown = CliRunner().invoke(app, ["forecast", "--model", "pools", "--trace", f"series:{path}",
                                      "--registry", str(registry), "--json"])  # fmt: skip
     assert shown.exit_code == 0, shown.output
+
+
+@pytest.mark.parametrize(
+    ("address", "says"),
+    [("notaurl", "not a Dask scheduler address"), ("tcp://host:port", "not a Dask")],
+)
+def test_a_malformed_scheduler_address_is_an_input_error(address: str, says: str) -> None:
+    pytest.importorskip("distributed")
+    from predictor.errors import InputError
+    from predictor.models.sharded import dask_client
+
+    began = time.perf_counter()
+    with pytest.raises(InputError, match=says):
+        dask_client(address)
+    assert time.perf_counter() - began < 5

@@ -43,8 +43,17 @@ def dask_client(address: str) -> Any:
     """A client of the scheduler at `address`, or an InputError saying what is missing."""
     try:
         from distributed import Client
+        from distributed.comm import resolve_address
     except ImportError:
         raise InputError(f"Dask training needs dask.distributed: {DASK_PIN}") from None
+    try:
+        # A malformed address must fail before a Client exists: a half-built one hangs 20 s
+        # at exit trying to close, and prints a traceback.
+        resolve_address(address)
+    except ValueError as exc:
+        raise InputError(f"not a Dask scheduler address, {address!r}: {exc}") from None
+    except OSError as exc:
+        raise InputError(f"cannot reach the Dask scheduler at {address!r}: {exc}") from None
     try:
         return Client(address, timeout="10s", set_as_default=False)
     except (OSError, TimeoutError) as exc:
