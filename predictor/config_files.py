@@ -70,9 +70,14 @@ def read_yaml(path: str | Path) -> YamlDocument:
     try:
         return YamlDocument(file, text, yaml.safe_load(text))
     except yaml.YAMLError as exc:
+        # PyYAML's own text quotes the file over several lines; the error is one line.
         mark = getattr(exc, "problem_mark", None)
         line = None if mark is None else mark.line + 1
-        raise InputError(f"not valid YAML: {exc}", path=file, line=line) from None
+        problem, context = getattr(exc, "problem", None), getattr(exc, "context", None)
+        reason = " ".join(str(exc).split()) if problem is None else problem
+        if problem is not None and context:
+            reason += f" ({context})"
+        raise InputError(f"not valid YAML: {reason}", path=file, line=line) from None
 
 
 def load_model(model: type[Model], path: str | Path) -> Model:
