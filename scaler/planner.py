@@ -508,10 +508,17 @@ def _size_pools(
 
     decisions: list[PoolDecision] = []
     last_scale_up = dict(memory.last_scale_up)
-    need_text = "; ".join(n.reason for n in needs)
     for pool in pools:
         name = pool.name
         fleet = fleets[name]
+        # Only the needs this pool may serve, each named: with one group per pool, every
+        # pool's reason listed every group's bound without saying whose it was.
+        served = [
+            f"{n.group}: {n.reason}"
+            for n, o in zip(needs, outlooks, strict=True)
+            if _serves(pool, o)
+        ]
+        need_text = "; ".join(served) or "no demand group may use this pool"
         delta = desired[name] - fleet.total
         if delta > 0:
             action: Literal["scale_up", "scale_down", "hold"] = "scale_up"

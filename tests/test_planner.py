@@ -179,6 +179,21 @@ def test_cheapest_mix_respects_gpu_models() -> None:
     assert decided.desired == {"a100": 4, "t4": 3}
 
 
+def test_each_pool_gives_the_needs_of_the_groups_it_may_serve() -> None:
+    a100 = pool("a100")
+    t4 = pool("t4", gpu_model="T4", gpus_per_node=4, price_per_hour=3.9, power_watts=700)
+    h100 = pool("h100", gpu_model="H100")
+    training = outlook([30, 30], spread=2.0, group="training", models={"A100"})
+    inference = outlook([10, 10], spread=2.0, group="inference", models={"T4"})
+    decided = plan([training, inference], fleet(a100=0, t4=0, h100=0), [a100, t4, h100], PREDICTIVE)
+    reasons = {d.pool: d.reason for d in decided.decisions}
+    assert "training: forecast upper bound 32.0" in reasons["a100"]
+    assert "inference" not in reasons["a100"]
+    assert "inference: forecast upper bound 12.0" in reasons["t4"]
+    assert "training" not in reasons["t4"]
+    assert reasons["h100"] == "fleet matches need: no demand group may use this pool"
+
+
 def test_energy_objective_picks_the_least_power_per_gpu() -> None:
     frugal = pool("frugal", price_per_hour=40.0, power_watts=2000)
     cheap = pool("cheap", price_per_hour=20.0, power_watts=6000)
