@@ -7,6 +7,7 @@ workload) is read through here, so a mistake reads the same wherever it is made.
 
 from __future__ import annotations
 
+import os
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, TypeVar
@@ -109,8 +110,27 @@ def validated(
             message = first["msg"].removeprefix("Value error, ")
         if len(errors) > 1:
             message += f" (and {len(errors) - 1} more)"
+        variable = _environment_source(model, loc)
+        if variable is not None:  # the file's line would point at a value that was overridden
+            where = f"environment variable {variable}"
+            raise InputError(message, path=where, column=field) from None
         line = None if text is None else _line_of(text, loc)
         raise InputError(message, path=source, line=line, column=field) from None
+
+
+def _environment_source(model: type[BaseModel], loc: tuple[Any, ...]) -> str | None:
+    """The `GPUSCALE_*` variable that set the field at `loc` (or a section above it), for a
+    settings model; None when the value came from the file."""
+    if not issubclass(model, BaseSettings) or not loc:
+        return None
+    prefix = str(model.model_config.get("env_prefix") or "")
+    delimiter = str(model.model_config.get("env_nested_delimiter") or "__")
+    present = {name.upper(): name for name in os.environ}
+    for depth in range(len(loc), 0, -1):
+        wanted = (prefix + delimiter.join(str(part) for part in loc[:depth])).upper()
+        if wanted in present:
+            return present[wanted]
+    return None
 
 
 def _line_of(text: str, loc: tuple[Any, ...]) -> int | None:
