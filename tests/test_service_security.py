@@ -137,6 +137,20 @@ def test_a_certificate_without_its_key_is_refused(tmp_path: Path) -> None:
     assert done.returncode == 2 and "--tls-key" in done.stderr
 
 
+def test_a_missing_or_unusable_certificate_is_one_line_before_serving(tmp_path: Path) -> None:
+    cert, key = self_signed(tmp_path)
+    cases = [
+        (["--tls-cert", str(tmp_path / "absent.crt"), "--tls-key", str(key)], "absent.crt"),
+        (["--tls-cert", str(cert), "--tls-key", str(cert)], "not a PEM certificate matching"),
+    ]
+    for args, says in cases:
+        done = subprocess.run(
+            [*SERVE, "--config", "unused.yaml", *args], capture_output=True, text=True, timeout=60
+        )
+        assert done.returncode == 2, done.stderr
+        assert done.stderr.count("\n") == 1 and says in done.stderr, done.stderr
+
+
 def test_the_token_never_reaches_the_log_metrics_or_answers(
     tmp_path: Path, stopping: list[subprocess.Popen]
 ) -> None:

@@ -178,6 +178,8 @@ def serve(
 
     if (tls_cert is None) != (tls_key is None):
         raise typer.BadParameter("--tls-cert and --tls-key go together")
+    if tls_cert is not None and tls_key is not None:
+        _check_tls(tls_cert, tls_key)
     app = create_app(load_live_config(config))
     uvicorn.run(
         app,
@@ -229,6 +231,27 @@ def bench_service(
         )
     if result.errors:
         raise typer.Exit(1)
+
+
+def _check_tls(cert: Path, key: Path) -> None:
+    """Load the pair once before serving: uvicorn loads it after start-up and a missing or
+    unusable file ends there in a traceback."""
+    import ssl
+
+    from predictor.errors import InputError
+
+    for path in (cert, key):
+        try:
+            path.read_bytes()
+        except OSError as exc:
+            raise InputError(f"cannot read: {exc.strerror}", path=path) from None
+    try:
+        ssl.create_default_context(ssl.Purpose.CLIENT_AUTH).load_cert_chain(cert, key)
+    except ssl.SSLError as exc:
+        reason = exc.reason or "no PEM data"
+        raise InputError(
+            f"not a PEM certificate matching the private key {key} ({reason})", path=cert
+        ) from None
 
 
 def _pause_hook(state_dir: Path) -> Callable[[str], None]:
