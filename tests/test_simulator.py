@@ -146,11 +146,28 @@ def test_gpuscale_simulate_synthetic_compares_the_modes(tmp_path: Path) -> None:
         "--model",
         "empirical",
         "--out",
-        str(tmp_path),
+        str(tmp_path / "sim"),  # made by the command
     ]
     result = CliRunner().invoke(app, [*args, "--json"])
     assert result.exit_code == 0, result.output
     summary = json.loads(result.output)
     assert [row["mode"] for row in summary["rows"]] == ["reactive", "predictive"]
-    assert (tmp_path / "jobs.png").stat().st_size > 1000
-    assert json.loads((tmp_path / "summary.json").read_text())["rows"] == summary["rows"]
+    assert (tmp_path / "sim" / "jobs.png").stat().st_size > 1000
+    assert json.loads((tmp_path / "sim" / "summary.json").read_text())["rows"] == summary["rows"]
+
+
+def test_gpuscale_simulate_on_bad_input_leaves_no_out_folder(tmp_path: Path) -> None:
+    from typer.testing import CliRunner
+
+    from predictor.errors import InputError
+    from scaler.cli import app
+
+    out = tmp_path / "sim"
+    for bad in (
+        ["--trace", f"philly:{tmp_path / 'absent.csv'}"],
+        ["--synthetic", "--workload", str(tmp_path / "absent.yaml")],
+        ["--synthetic", "--model", "no-such-model"],
+    ):
+        result = CliRunner().invoke(app, ["simulate", *bad, "--out", str(out)])
+        assert isinstance(result.exception, InputError), result.output
+        assert not out.exists()

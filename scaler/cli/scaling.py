@@ -485,7 +485,6 @@ def simulate(
         raise InputError("give exactly one of --trace and --synthetic")
     if mode not in ("predictive", "hybrid"):
         raise typer.BadParameter("must be predictive or hybrid", param_hint="--mode")
-    out.mkdir(parents=True, exist_ok=True)
     if synthetic and target_shortage is None:
         from scaler.simulator import JOB_LEVEL_TARGET_SHORTAGE
 
@@ -505,8 +504,8 @@ def simulate(
 
     table = Table(title=summary["title"])
     columns = SIMULATE_COLUMNS["jobs" if synthetic else "replay"]
-    for label in columns.values():
-        table.add_column(label, no_wrap=True)
+    for i, label in enumerate(columns.values()):
+        table.add_column(label, no_wrap=i == 0)  # labels wrap, so that no value is cut
     for row in summary["rows"]:
         table.add_row(*(_cell(row[c]) for c in columns))
     console = Console()
@@ -569,6 +568,7 @@ def _simulate_trace(
     baselines = baseline_runs(item, lag)
     ours = planner_run(item, lag, policy)
     frontier = {}
+    out.mkdir(parents=True, exist_ok=True)  # once the inputs are read: none left on bad ones
     for knob in track(sorted(set(knobs or [0.001, 0.003, 0.01, 0.03, 0.1])), description="knob"):
         frontier[knob] = planner_run(item, lag, policy.model_copy(update={"target_shortage": knob}))
     pictures = [
@@ -619,6 +619,7 @@ def _simulate_jobs(
     )
     rows = comparison.rows()
     reactive, predictive = rows
+    out.mkdir(parents=True, exist_ok=True)  # once the inputs are read: none left on bad ones
     return {
         "title": f"job-level, synthetic seed {seed}, boot {boot_minutes:g} min, from {start}",
         "rows": rows,
