@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -228,12 +229,14 @@ def test_gpuscale_simulate_draws_the_fleet_and_the_frontier(
     args = [
         "simulate", "--trace", f"helios-vc:{traces_dir / 'helios-earth' / 'vcMod.csv.gz'}",
         "--split", "2020-05-30", "--model", "empirical", "--knob", "0.01", "--knob", "0.1",
-        "--out", str(tmp_path),
+        "--out", str(tmp_path), "--json",
     ]  # fmt: skip
     result = CliRunner().invoke(app, args)
     assert result.exit_code == 0, result.output
     for name in ("fleet.png", "frontier.png", "summary.json"):
         assert (tmp_path / name).stat().st_size > 1000
+    # stdout is the document alone (the progress goes to stderr)
+    assert json.loads(result.stdout) == json.loads((tmp_path / "summary.json").read_text())
 
 
 def test_replay_on_one_minute_steps_uses_only_forecasts_made_before_the_minute(

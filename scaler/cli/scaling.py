@@ -550,6 +550,7 @@ def _simulate_trace(
     gpus_per_node: int | None,
     knobs: list[float] | None,
 ) -> dict[str, object]:
+    from rich.console import Console
     from rich.progress import track
 
     from predictor.errors import InputError
@@ -569,7 +570,9 @@ def _simulate_trace(
     ours = planner_run(item, lag, policy)
     frontier = {}
     out.mkdir(parents=True, exist_ok=True)  # once the inputs are read: none left on bad ones
-    for knob in track(sorted(set(knobs or [0.001, 0.003, 0.01, 0.03, 0.1])), description="knob"):
+    knob_values = sorted(set(knobs or [0.001, 0.003, 0.01, 0.03, 0.1]))
+    # on stderr: stdout carries the table or the --json document
+    for knob in track(knob_values, description="knob", console=Console(stderr=True)):
         frontier[knob] = planner_run(item, lag, policy.model_copy(update={"target_shortage": knob}))
     pictures = [
         fleet_plot([*baselines, ours], out / "fleet.png"),
