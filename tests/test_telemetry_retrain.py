@@ -157,3 +157,12 @@ def test_a_served_model_that_cannot_run_is_replaced(tmp_path: Path) -> None:
     assert outcome["promoted"] and outcome["stored_as"] == "gpuscale:2"
     assert "could not be backtested (AttributeError" in outcome["reason"]
     assert registry.record("gpuscale").metadata["previous"] == 1
+
+
+def test_models_list_refuses_a_registry_that_is_not_there(tmp_path: Path) -> None:
+    from predictor.errors import InputError
+
+    result = CliRunner().invoke(app, ["models", "list", "--registry", str(tmp_path / "modles")])
+    assert isinstance(result.exception, InputError)
+    assert result.exception.path == str(tmp_path / "modles")
+    assert run("models", "list", "--registry", str(tmp_path)) == []  # there, but empty

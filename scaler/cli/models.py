@@ -155,9 +155,12 @@ def retrain(
 def models_list(registry: RegistryOption = Path("models"), as_json: JsonOption = False) -> None:
     """List every stored version: when it was made, what kind, its backtest score, how it
     got there (retrain, promote, rollback) and which version each name serves."""
+    from predictor.errors import InputError
     from predictor.registry import ModelRegistry
     from predictor.retraining import REJECTED_SUFFIX
 
+    if not registry.is_dir():  # a mistyped path is not an empty registry
+        raise InputError("no such directory (the model registry)", path=registry)
     reg = ModelRegistry(registry)
     rows = []
     for name in reg.names():
@@ -194,7 +197,7 @@ def models_list(registry: RegistryOption = Path("models"), as_json: JsonOption =
             str(row["created"]),
             str(row["model"]),
             value,
-            str(row["by"]),
+            row["by"] or "",
             "yes" if row["serving"] else "",
         )
     Console().print(table)
