@@ -7,3 +7,14 @@ def test_help_lists_commands() -> None:
     result = CliRunner().invoke(app, ["--help"])
     assert result.exit_code == 0
     assert "bench" in result.output
+
+
+def test_model_options_name_every_model_kind() -> None:
+    from predictor.models import MODEL_NAMES
+    from scaler.cli.output import MODEL_KINDS
+
+    assert set(MODEL_KINDS) == set(MODEL_NAMES) - {"sharded"}
+    for command in ("train", "retrain"):
+        result = CliRunner().invoke(app, [command, "--help"], terminal_width=200)
+        assert result.exit_code == 0
+        assert "selected" in result.output and "torch-conformal" in result.output

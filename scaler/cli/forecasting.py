@@ -9,7 +9,7 @@ from typing import Annotated
 import typer
 
 from predictor.atomic_files import write_text
-from scaler.cli.output import jsonable
+from scaler.cli.output import MODEL_KINDS, jsonable
 
 TraceOption = Annotated[
     list[str] | None,
@@ -48,7 +48,7 @@ def train_command(
     state_dir: StateDirOption = None,
     split: SplitOption = None,
     model: Annotated[
-        str, typer.Option("--model", help="Model kind: gpuscale (default), lightgbm, ...")
+        str, typer.Option("--model", help=f"Model kind: {', '.join(MODEL_KINDS)}.")
     ] = "gpuscale",
     name: Annotated[
         str | None, typer.Option("--name", help="Registry name (default: the model kind).")

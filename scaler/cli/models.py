@@ -9,6 +9,8 @@ from typing import Annotated, Any
 
 import typer
 
+from scaler.cli.output import MODEL_KINDS
+
 STATE_DIR_HELP = "State directory holding the telemetry store."
 REGISTRY_HELP = "Model registry directory (one folder per model name and version)."
 
@@ -44,8 +46,7 @@ def retrain(
         str,
         typer.Option(
             "--model",
-            help="Kind of the candidate: gpuscale, lightgbm, persistence, seasonal-naive,"
-            " empirical.",
+            help=f"Kind of the candidate: {', '.join(MODEL_KINDS)}.",
         ),
     ] = "gpuscale",
     metric: Annotated[str, typer.Option("--metric", help="Store metric to forecast.")] = (

@@ -5,6 +5,19 @@ from __future__ import annotations
 import inspect
 import math
 
+# The model kinds a user may ask for by name (`predictor.models`, less `sharded`, which
+# `--dask-scheduler` builds); kept here so `--help` needs no import of the models.
+MODEL_KINDS = (
+    "gpuscale",
+    "lightgbm",
+    "torch",
+    "torch-conformal",
+    "selected",
+    "empirical",
+    "persistence",
+    "seasonal-naive",
+)
+
 
 def prose(doc: str | None) -> str:
     """A docstring as help text: paragraphs kept, the hard line wraps inside them removed
