@@ -11,8 +11,12 @@ reader of the registry loads), so a model becomes served only by being appended 
 - `rollback` appends a copy of the model NAME served before the current one.
 Versions are never rewritten, so the registry is also the history of what was served.
 
-The served model may have been trained on part of the window (its training ended wherever
-its own retrain put it), which can only flatter it: the gate errs towards keeping it.
+Both sides are judged out of sample. A served model whose training reached into the window
+(one that `gpuscale train` fitted on the whole history an hour ago, say) would be scored
+on steps it has already seen, which flatters it and keeps a better candidate out; such a
+model is judged by its recipe instead, its model kind and parameters from its metadata
+refitted on the same history before the window as the candidate. A served model without
+a recipe (older metadata) is judged as it is.
 """
 
 from __future__ import annotations
@@ -95,6 +99,7 @@ class RetrainOutcome:
     current: Scores | None
     current_version: int | None
     window: tuple[pd.Timestamp, pd.Timestamp]
+    current_refitted: bool = False  # the served model's recipe, refitted before the window
     extra: dict[str, Any] = field(default_factory=dict)
 
 
@@ -173,16 +178,18 @@ def retrain(
     if on_step:
         on_step("backtesting the candidate")
     candidate_scores = backtest(candidate, history, start, plan)
-    current_scores, unusable = None, None
+    current_scores, unusable, refitted = None, None, False
     current = served_record(registry, plan.name)
     if current is not None:
-        if on_step:
-            on_step("backtesting the served model")
         try:
-            current_scores = backtest(registry.load(plan.name)[0], history, start, plan)
-        except Exception as exc:  # an artifact this code can no longer run
+            served, refitted = _judged_form(registry, current, train, start, on_step)
+            if on_step:
+                on_step("backtesting the served model")
+            current_scores = backtest(served, history, start, plan)
+        except Exception as exc:  # an artifact or recipe this code can no longer run
             unusable = f"{type(exc).__name__}: {exc}"
             log.warning("served %s:%d cannot be backtested: %s", plan.name, current.version, exc)
+    served_as = "" if not refitted else " (its recipe refitted before the window it was trained on)"
     if current is None:
         promoted, reason = True, "no model was served"
     elif current_scores is None:
@@ -192,16 +199,17 @@ def retrain(
         promoted = True
         reason = (
             f"{plan.score_name} {candidate_scores.value:.4g} beats the served version"
-            f" {current.version}'s {current_scores.value:.4g}"
+            f" {current.version}'s {current_scores.value:.4g}{served_as}"
         )
     else:
         promoted = False
         reason = (
             f"{plan.score_name} {candidate_scores.value:.4g} does not beat the served version"
-            f" {current.version}'s {current_scores.value:.4g}"
+            f" {current.version}'s {current_scores.value:.4g}{served_as}"
         )
     metadata = {
         "model": plan.model,
+        "params": {},
         "metric": plan.metric,
         "series": sorted(map(str, train["unique_id"].unique())),
         "step": str(plan.step),
@@ -215,7 +223,7 @@ def retrain(
             "candidate": candidate_scores.to_dict(),
             "served": None
             if current_scores is None
-            else {"version": current.version, **current_scores.to_dict()},
+            else {"version": current.version, "refitted": refitted, **current_scores.to_dict()},
         },
         "decision": {"promoted": promoted, "reason": reason, "by": "retrain"},
     }
@@ -232,7 +240,26 @@ def retrain(
         current_scores,
         None if current is None else current.version,
         (start, end),
+        current_refitted=refitted,
     )
+
+
+def _judged_form(
+    registry: ModelRegistry,
+    current: ModelRecord,
+    train: pd.DataFrame,
+    start: pd.Timestamp,
+    on_step: Any,
+) -> tuple[Forecaster, bool]:
+    """The served model as the gate judges it: itself, or, when its training reached into
+    the window from `start`, its recipe refitted on `train`; and whether it was refitted."""
+    window = current.metadata.get("training_window") or [None, None]
+    kind = current.metadata.get("model")
+    if window[1] is None or pd.Timestamp(window[1]) < start or not kind:
+        return registry.load(current.name, current.version)[0], False
+    if on_step:
+        on_step("refitting the served model's recipe before the window")
+    return build(kind, **(current.metadata.get("params") or {})).fit(train), True
 
 
 def promote(registry: ModelRegistry, reference: str, to: str | None = None) -> ModelRecord:

@@ -64,6 +64,7 @@ def test_a_better_candidate_is_promoted(tmp_path: Path) -> None:
     assert second["promoted"], second["reason"]
     assert second["stored_as"] == "gpuscale:2"
     assert second["served"]["version"] == 1
+    assert second["served"]["refitted"] is False  # version 1 was fitted before this window
     assert second["candidate"]["value"] < second["served"]["value"]
     assert second["candidate"]["steps"] == {"1": DAY, "3": DAY, "18": DAY}
     meta = ModelRegistry(registry).record("gpuscale").metadata
@@ -120,6 +121,26 @@ def test_a_worse_candidate_keeps_the_served_model(tmp_path: Path) -> None:
     shown = CliRunner().invoke(app, ["models", "show", "gpuscale:2", "--registry", str(registry)])
     assert shown.exit_code == 0
     assert json.loads(shown.output)["decision"]["by"] == "promote"
+
+
+def test_a_served_model_trained_into_the_window_is_judged_by_its_recipe(tmp_path: Path) -> None:
+    """`train` fits on the whole history; a retrain straight after must not score that model
+    on steps it was trained on. Its recipe is refitted before the window instead, so the
+    same recipe on both sides ties (and a tie keeps the served model)."""
+    registry = tmp_path / "models"
+    state = store_with(tmp_path / "state", random_walk("2026-01-01", [(4, 3.0)], seed=7))
+    trained = run(
+        *("train", "--state-dir", str(state), "--registry", str(registry)),
+        *("--model", "empirical", "--name", "gpuscale"),
+    )
+    assert trained["training_window"][1] >= "2026-01-04 23:50"
+    outcome = retrain(state, registry)
+    assert outcome["served"]["refitted"] is True
+    assert outcome["served"]["value"] == outcome["candidate"]["value"]
+    assert not outcome["promoted"]
+    assert "recipe refitted before the window" in outcome["reason"]
+    meta = ModelRegistry(registry).record("gpuscale.rejected").metadata
+    assert meta["backtest"]["served"]["refitted"] is True
 
 
 def test_retrain_needs_history_before_the_window(tmp_path: Path) -> None:

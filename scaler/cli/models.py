@@ -83,10 +83,12 @@ def retrain(
 
     The candidate is fitted on the history before a recent window (--backtest-steps), then
     the candidate and the served model (the latest version of --name) forecast that same
-    window, each step from data up to t - h only. The candidate is promoted (stored as the
-    next version of --name, which makes it the served model) only when its score, averaged
-    over --horizons, is lower; otherwise it is stored under NAME.rejected. Both scores are
-    kept in the version's metadata. Exit status 0 either way.
+    window, each step from data up to t - h only; a served model whose training reached into
+    the window is judged by its recipe (model kind and parameters) refitted before the
+    window, so that neither side is scored on steps it has seen. The candidate is promoted
+    (stored as the next version of --name, which makes it the served model) only when its
+    score, averaged over --horizons, is lower; otherwise it is stored under NAME.rejected.
+    Both scores are kept in the version's metadata. Exit status 0 either way.
     """
     import pandas as pd
     from rich.console import Console
@@ -138,7 +140,11 @@ def retrain(
         "candidate": outcome.candidate.to_dict(),
         "served": None
         if outcome.current is None
-        else {"version": outcome.current_version, **outcome.current.to_dict()},
+        else {
+            "version": outcome.current_version,
+            "refitted": outcome.current_refitted,
+            **outcome.current.to_dict(),
+        },
     }
     if as_json:
         typer.echo(json.dumps(document, indent=2))
