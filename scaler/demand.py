@@ -25,7 +25,7 @@ from predictor.series import regularize
 from predictor.store import TelemetryStore
 from scaler.live_config import DemandSection, ModelSection
 from scaler.planner import DemandOutlook, PlannerPolicy
-from scaler.pools import NodePool
+from scaler.pools import NodePool, serving_models
 
 log = logging.getLogger(__name__)
 
@@ -193,20 +193,14 @@ def outlooks(
         problem = f"forecast failed ({exc}); the last observation stands in"
         log.warning(problem)
         frame = _persistence(reading, horizons, levels, policy.step_seconds)
-    by_pool = {p.name: p for p in pools}
+    configured = {uid: group.gpu_models for uid, group in settings.groups.items()}
     found = []
     for uid, value in sorted(observed.items()):
         rows = frame[frame["unique_id"] == uid].sort_values("horizon")
         if len(rows) < len(horizons):
             continue
         values = np.column_stack([rows[quantile_column(q)].to_numpy(dtype=float) for q in levels])
-        group = settings.groups.get(uid)
-        if group is not None:
-            models = frozenset(group.gpu_models) or None
-        elif uid in by_pool:
-            models = frozenset({by_pool[uid].gpu_model})
-        else:
-            models = None
+        models = serving_models(uid, configured, pools)
         found.append(DemandOutlook(uid, value, levels, np.maximum(values, 0.0), models))
     return Outlooks(tuple(found), frame, problem)
 

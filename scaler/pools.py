@@ -8,6 +8,7 @@ names the pool and the field, so a bad config never reaches a running loop.
 from __future__ import annotations
 
 import math
+from collections.abc import Iterable, Mapping
 from pathlib import Path
 from typing import Literal
 
@@ -91,3 +92,15 @@ def load_pools(path: str | Path) -> tuple[NodePool, ...]:
     """Read pools from a YAML file."""
     document = read_yaml(path)
     return parse_pools(document.data, source=document.path, text=document.text)
+
+
+def serving_models(
+    group: str, configured: Mapping[str, Iterable[str]], pools: Iterable[NodePool]
+) -> frozenset[str] | None:
+    """The GPU models whose pools may serve a demand group: as configured for it (empty:
+    any); else, for a group named like a pool (demand measured per pool), that pool's
+    model; else any (None)."""
+    if group in configured:
+        return frozenset(configured[group]) or None
+    named = [pool.gpu_model for pool in pools if pool.name == group]
+    return frozenset(named) or None

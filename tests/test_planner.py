@@ -453,3 +453,31 @@ def test_gpuscale_plan_prints_a_decision_from_a_forecast_file(tmp_path: Path) ->
     missing = CliRunner().invoke(app, [*args[:5], "--json"])
     assert missing.exit_code != 0
     assert "observed" in str(missing.exception or missing.output)
+
+
+def test_a_group_named_like_a_pool_is_served_by_that_pools_model(tmp_path: Path) -> None:
+    """Demand measured per pool stays on its pool's GPU model unless configured otherwise,
+    in `gpuscale plan` as in the live loop (the cheaper T4 may not take A100 demand)."""
+    from typer.testing import CliRunner
+
+    from scaler.cli import app
+    from scaler.pools import serving_models
+
+    pools = tmp_path / "pools.yaml"
+    pools.write_text(
+        "pools:\n"
+        "  - {name: a100, gpu_model: A100, gpus_per_node: 8, price_per_hour: 32, max_size: 20}\n"
+        "  - {name: t4, gpu_model: T4, gpus_per_node: 4, price_per_hour: 4, max_size: 20}\n"
+    )
+    parsed = load_pools(pools)
+    assert serving_models("a100", {}, parsed) == frozenset({"A100"})
+    assert serving_models("a100", {"a100": []}, parsed) is None  # configured: any
+    assert serving_models("batch", {}, parsed) is None
+    forecast = tmp_path / "forecast.csv"
+    forecast.write_text("unique_id,horizon,q0.5,q0.9,q0.99\na100,1,14,15,16\na100,2,14,15,16\n")
+    args = ["plan", "--pools", str(pools), "--forecast", str(forecast), "--observed", "a100=14"]
+    result = CliRunner().invoke(app, [*args, "--json"])
+    assert result.exit_code == 0, result.output
+    assert json.loads(result.output)["desired"] == {"a100": 2, "t4": 0}
+    anywhere = CliRunner().invoke(app, [*args, "--group-models", "a100=A100|T4", "--json"])
+    assert json.loads(anywhere.output)["desired"] == {"a100": 0, "t4": 4}

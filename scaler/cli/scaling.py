@@ -18,6 +18,7 @@ if TYPE_CHECKING:
 
     from predictor.forecast import Forecaster
     from scaler.planner import DemandOutlook, PlannerPolicy
+    from scaler.pools import NodePool
 
 DEFAULT_MODEL = "gpuscale"
 
@@ -247,7 +248,11 @@ def plan_command(
     ] = None,
     group_models: Annotated[
         list[str] | None,
-        typer.Option("--group-models", help="GROUP=MODEL[|MODEL...] GPU models a group may use."),
+        typer.Option(
+            "--group-models",
+            help="GROUP=MODEL[|MODEL...] GPU models a group may use (default: a group named"
+            " like a pool uses that pool's model, any other group any pool).",
+        ),
     ] = None,
     policy_file: Annotated[
         Path | None, typer.Option("--policy", help="Planner policy YAML (PlannerPolicy fields).")
@@ -296,11 +301,11 @@ def plan_command(
         frame = forecaster.forecast(history, list(range(1, lead + 2)), sorted(set(quantiles))).frame
         last = history.sort_values("ds").groupby("unique_id")["y"].last()
         seen = {**{str(k): float(v) for k, v in last.items()}, **seen}
-    models = {
-        group: frozenset(spec.split("|"))
+    configured = {
+        group: spec.split("|")
         for group, spec in _pairs(group_models or [], "--group-models", str).items()
     }
-    outlooks = _outlooks(frame, seen, models, forecast_file)
+    outlooks = _outlooks(frame, seen, configured, pools, forecast_file)
     counts = _pairs(fleet_spec or [], "--fleet", str)
     unknown = set(counts) - {p.name for p in pools}
     if unknown:
@@ -389,13 +394,15 @@ def _read_forecast(path: Path) -> pd.DataFrame:
 def _outlooks(
     frame: pd.DataFrame,
     seen: dict[str, object],
-    models: dict[str, frozenset[str]],
+    configured: dict[str, list[str]],
+    pools: tuple[NodePool, ...],
     source: Path | None,
 ) -> list[DemandOutlook]:
     import numpy as np
 
     from predictor.errors import InputError
     from scaler.planner import DemandOutlook
+    from scaler.pools import serving_models
 
     levels = tuple(sorted(float(c[1:]) for c in frame.columns if c.startswith("q")))
     if not levels:
@@ -421,7 +428,7 @@ def _outlooks(
                 observed=float(seen[str(group)]),
                 levels=levels,
                 values=values,
-                gpu_models=models.get(str(group)),
+                gpu_models=serving_models(str(group), configured, pools),
             )
         )
     return out
