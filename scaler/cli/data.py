@@ -10,6 +10,7 @@ from typing import Annotated
 import typer
 
 from predictor.atomic_files import write_files
+from scaler.cli.output import table_console
 
 STATE_DIR_HELP = "State directory holding the telemetry store (created if missing)."
 
@@ -85,7 +86,6 @@ def generate(
     if as_json:
         typer.echo(json.dumps(summary, indent=2))
         return
-    from rich.console import Console
     from rich.table import Table
 
     table = Table(title=f"{len(jobs)} jobs from {workload.start:%Y-%m-%d}, seed {seed}")
@@ -99,7 +99,7 @@ def generate(
             f"{row['mean_gpus']:.1f}",
             f"{row['max_gpus']:.1f}",
         )
-    Console().print(table)
+    table_console().print(table)
     typer.echo(f"wrote {', '.join(summary['files'])} to {out} ({workload.start} to {workload.end})")
 
 
@@ -214,7 +214,6 @@ def store_show(
         }
         typer.echo(json.dumps(document, indent=2))
         return
-    from rich.console import Console
     from rich.table import Table
 
     table = Table(title=f"telemetry store {store.path}")
@@ -229,7 +228,7 @@ def store_show(
             f"{row.last:%Y-%m-%d %H:%M}",
             str(row.count),
         )
-    console = Console()
+    console = table_console()
     console.print(table)
     console.print(f"{len(gaps)} recorded gap(s)")
     for row in gaps.itertuples():

@@ -9,7 +9,7 @@ from typing import Annotated
 import typer
 
 from predictor.atomic_files import write_text
-from scaler.cli.output import MODEL_KINDS, jsonable
+from scaler.cli.output import MODEL_KINDS, jsonable, table_console
 
 TraceOption = Annotated[
     list[str] | None,
@@ -106,7 +106,7 @@ def train_command(
         typer.echo(json.dumps(record.metadata, indent=2, default=str))
         return
     summary = record.metadata["backtest"]["summary"]
-    console = Console()
+    console = table_console()
     console.print(f"stored {record.name} version {record.version} at {record.path}")
     for s in summary:
         console.print(
@@ -189,7 +189,6 @@ def forecast_command(
         document = {"model": record.name, "version": record.version, "forecasts": rows}
         typer.echo(json.dumps(document, indent=2))
         return
-    from rich.console import Console
     from rich.table import Table
 
     table = Table(title=f"{record.name} v{record.version}: demand quantiles")
@@ -202,7 +201,7 @@ def forecast_command(
             r["ds"],
             *(f"{r[f'q{q:g}']:.2f}" for q in levels),
         )
-    Console().print(table)
+    table_console().print(table)
 
 
 def bench_forecast(
@@ -284,7 +283,6 @@ def _ratio(value: object, reference: object) -> str:
 
 
 def _print_rows(rows: list[dict[str, object]], summary: list[dict[str, object]]) -> None:
-    from rich.console import Console
     from rich.table import Table
 
     from predictor.backtest import TARGETS
@@ -312,7 +310,7 @@ def _print_rows(rows: list[dict[str, object]], summary: list[dict[str, object]])
             f"{r['coverage_p90']:.3f}",
             f"{r['coverage_p99']:.3f}",
         )
-    console = Console()
+    console = table_console()
     console.print(table)
     if not summary:
         return

@@ -19,6 +19,8 @@ from typing import TYPE_CHECKING, Annotated
 
 import typer
 
+from scaler.cli.output import table_console
+
 if TYPE_CHECKING:
     from scaler.reconcile import PassOutcome
 
@@ -272,7 +274,6 @@ def _report(outcome: PassOutcome, as_json: bool) -> None:
     if as_json:
         typer.echo(json.dumps(outcome.to_dict(), default=str))
         return
-    from rich.console import Console
     from rich.table import Table
 
     d = outcome.decision
@@ -291,7 +292,7 @@ def _report(outcome: PassOutcome, as_json: bool) -> None:
             action,
             d.held.get(p.pool, p.reason),
         )
-    console = Console()
+    console = table_console()
     console.print(table)
     for problem in d.problems:
         console.print(f"[yellow]telemetry[/]: {problem}")

@@ -9,7 +9,7 @@ from typing import Annotated, Any
 
 import typer
 
-from scaler.cli.output import MODEL_KINDS
+from scaler.cli.output import MODEL_KINDS, table_console
 
 STATE_DIR_HELP = "State directory holding the telemetry store."
 REGISTRY_HELP = "Model registry directory (one folder per model name and version)."
@@ -190,7 +190,6 @@ def models_list(registry: RegistryOption = Path("models"), as_json: JsonOption =
     if as_json:
         typer.echo(json.dumps(rows, indent=2))
         return
-    from rich.console import Console
     from rich.table import Table
 
     table = Table(title=f"model registry {registry}")
@@ -207,7 +206,7 @@ def models_list(registry: RegistryOption = Path("models"), as_json: JsonOption =
             row["by"] or "",
             "yes" if row["serving"] else "",
         )
-    Console().print(table)
+    table_console().print(table)
 
 
 def models_show(
@@ -241,7 +240,6 @@ def models_show(
 
 
 def _print_selection(record: Any) -> None:
-    from rich.console import Console
     from rich.table import Table
 
     from predictor.errors import InputError
@@ -279,7 +277,7 @@ def _print_selection(record: Any) -> None:
             weights,
             *(f"{scores[n]:.4g}" if n in scores else "" for n in (*candidates, "chosen")),
         )
-    Console().print(table)
+    table_console().print(table)
 
 
 def models_promote(

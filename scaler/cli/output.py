@@ -4,6 +4,14 @@ from __future__ import annotations
 
 import inspect
 import math
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from rich.console import Console
+
+# Into a pipe or a CI log rich assumes 80 columns and cuts table cells; tables are meant
+# to be read whole there too.
+PIPE_WIDTH = 160
 
 # The model kinds a user may ask for by name (`predictor.models`, less `sharded`, which
 # `--dask-scheduler` builds); kept here so `--help` needs no import of the models.
@@ -31,3 +39,16 @@ def jsonable(value: object) -> object:
     if isinstance(value, float) and math.isnan(value):
         return None
     return str(value)
+
+
+def table_console() -> Console:
+    """A console on stdout for tables: the terminal's width, or PIPE_WIDTH columns when
+    stdout is not a terminal (COLUMNS, when set, still decides)."""
+    import os
+
+    from rich.console import Console
+
+    console = Console()
+    if console.is_terminal or "COLUMNS" in os.environ:
+        return console
+    return Console(width=PIPE_WIDTH)

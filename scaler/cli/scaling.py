@@ -11,7 +11,7 @@ from typing import TYPE_CHECKING, Annotated
 import typer
 
 from predictor.atomic_files import write_text
-from scaler.cli.output import jsonable
+from scaler.cli.output import jsonable, table_console
 
 if TYPE_CHECKING:
     import pandas as pd
@@ -168,7 +168,6 @@ def _model_factory(name: str) -> Callable[[], Forecaster]:
 
 
 def _print_rows(rows: list[dict[str, object]], summary: list[dict[str, object]]) -> None:
-    from rich.console import Console
     from rich.table import Table
 
     table = Table(title="scaling: provisioning and shortage per policy")
@@ -190,7 +189,7 @@ def _print_rows(rows: list[dict[str, object]], summary: list[dict[str, object]])
             f"{r['scale_actions_per_day']:.1f}",
             f"{r['replay_seconds']:.2f}",
         )
-    console = Console()
+    console = table_console()
     console.print(table)
     if summary:
         closing = Table(title="predictive against the best baseline and the oracle")
@@ -326,7 +325,6 @@ def plan_command(
     if as_json:
         typer.echo(json.dumps(decided.to_dict(), indent=2))
         return
-    from rich.console import Console
     from rich.table import Table
 
     table = Table(title=f"capacity plan ({decided.mode}) at {when:%Y-%m-%d %H:%M}")
@@ -334,7 +332,7 @@ def plan_command(
         table.add_column(column, justify="right" if column in ("now", "desired") else "left")
     for d in decided.decisions:
         table.add_row(d.pool, str(d.current), str(d.desired), d.action, d.reason)
-    console = Console()
+    console = table_console()
     console.print(table)
     for need in decided.needs:
         console.print(
@@ -506,7 +504,6 @@ def simulate(
     if as_json:
         typer.echo(text)
         return
-    from rich.console import Console
     from rich.table import Table
 
     table = Table(title=summary["title"])
@@ -515,7 +512,7 @@ def simulate(
         table.add_column(label, no_wrap=i == 0)  # labels wrap, so that no value is cut
     for row in summary["rows"]:
         table.add_row(*(_cell(row[c]) for c in columns))
-    console = Console()
+    console = table_console()
     console.print(table)
     console.print(f"pictures: {', '.join(summary['pictures'])}")
 
