@@ -167,8 +167,10 @@ def store_import(
     if as_json:
         typer.echo(json.dumps(summary, indent=2))
     else:
+        # an import upserts: the same series, metric and time again replaces, never doubles
         typer.echo(
-            f"imported {written} points of {len(summary['series'])} series into {store.path}"
+            f"wrote {written} points (all metrics) of {len(summary['series'])} series into"
+            f" {store.path}; points already there for the same times were replaced"
         )
 
 
