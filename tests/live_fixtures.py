@@ -18,7 +18,7 @@ import pandas as pd
 import typer
 from fake_kube import FakeKube
 
-from predictor.store import TelemetryStore
+from predictor.telemetry.store import TelemetryStore
 
 ZONE = "us-east-1a"
 POOL_LABEL = "gpuscale.io/pool"

@@ -14,7 +14,7 @@ from dataclasses import dataclass
 
 import pytest
 
-from scaler.pools import NodePool
+from scaler.cluster.pools import NodePool
 from scaler.providers.base import CloudProvider, NodeGroup, NodeStatus, ProviderError
 
 BOOT_SECONDS = 120.0

@@ -13,7 +13,7 @@ from typing import Any
 import pytest
 from provider_contract import ContractCloud, ProviderContract, contract_pools
 
-from scaler.pools import NodePool
+from scaler.cluster.pools import NodePool
 from scaler.providers.aws import AwsCloud, AwsPoolBinding, AwsSettings, provider_id, scrub
 from scaler.providers.base import ProviderError
 

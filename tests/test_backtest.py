@@ -8,7 +8,8 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from predictor.backtest import (
+from predictor.data.loaders import DemandTrace, load_trace
+from predictor.evaluation.backtest import (
     backtest_group,
     baseline_quantile,
     coverage,
@@ -17,8 +18,7 @@ from predictor.backtest import (
     rmse,
     summarize,
 )
-from predictor.errors import InputError
-from predictor.loaders import DemandTrace, load_trace
+from predictor.foundation.errors import InputError
 from predictor.models import BoostParams, build
 
 CONTRACT = {

@@ -12,9 +12,9 @@ import pytest
 import yaml
 from typer.testing import CliRunner
 
-from predictor.errors import InputError
-from predictor.loaders import load_trace
-from predictor.store import TelemetryStore
+from predictor.data.loaders import load_trace
+from predictor.foundation.errors import InputError
+from predictor.telemetry.store import TelemetryStore
 from scaler.cli import app
 
 REPO = Path(__file__).resolve().parents[1]
@@ -45,7 +45,7 @@ def test_generate_writes_files_that_load_back(tmp_path: Path) -> None:
     )
     pools = yaml.safe_load((out / "pools.yaml").read_text())["pools"]
     assert [p["name"] for p in pools] == ["a100", "h100", "t4"]
-    scaler_pools = pytest.importorskip("scaler.pools")
+    scaler_pools = pytest.importorskip("scaler.cluster.pools")
     assert [p.gpus_per_node for p in scaler_pools.load_pools(out / "pools.yaml")] == [8, 8, 4]
     # the same seed writes the same bytes
     again = tmp_path / "again"

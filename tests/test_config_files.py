@@ -6,8 +6,8 @@ from pathlib import Path
 
 import pytest
 
-from predictor.config_files import read_yaml
-from predictor.errors import InputError
+from predictor.foundation.config_files import read_yaml
+from predictor.foundation.errors import InputError
 
 
 @pytest.mark.parametrize(

@@ -11,9 +11,9 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from predictor.backtest import pinball
-from predictor.forecast import quantile_column
+from predictor.evaluation.backtest import pinball
 from predictor.models import BoostParams, build
+from predictor.models.forecast import quantile_column
 
 SERIES = 200
 STEPS = 6 * 24 * 3  # three days of 10-minute steps
@@ -113,7 +113,7 @@ def test_train_command_fits_on_the_dask_scheduler(cluster, tmp_path) -> None:
 )
 def test_a_malformed_scheduler_address_is_an_input_error(address: str, says: str) -> None:
     pytest.importorskip("distributed")
-    from predictor.errors import InputError
+    from predictor.foundation.errors import InputError
     from predictor.models.sharded import dask_client
 
     began = time.perf_counter()

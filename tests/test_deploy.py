@@ -136,7 +136,7 @@ def test_config_map_loads_and_the_token_comes_from_the_secret(
     docs: list[dict[str, Any]], tmp_path: Path
 ) -> None:
     from predictor.telemetry.config import load_config
-    from scaler.live_config import load_live_config
+    from scaler.controller.config import load_live_config
 
     data = by_kind(docs, "ConfigMap")["gpuscale-config"]["data"]
     for name, text in data.items():

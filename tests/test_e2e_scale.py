@@ -34,7 +34,7 @@ from typer.testing import CliRunner
 
 from predictor.telemetry.config import pod_gpu_requests
 from scaler.cli import app as gpuscale
-from scaler.decisions import DecisionLog
+from scaler.controller.journal import DecisionLog
 from scaler.kube.nodes import CORDONED_BY_GPUSCALE
 
 pytestmark = pytest.mark.integration

@@ -102,8 +102,8 @@ def test_bad_input_exits_2_and_writes_nothing(vc_slice: Path, tmp_path: Path) ->
 
 
 def test_train_from_the_telemetry_store(vc_slice: Path, tmp_path: Path) -> None:
-    from predictor.loaders import load_trace
-    from predictor.store import TelemetryStore
+    from predictor.data.loaders import load_trace
+    from predictor.telemetry.store import TelemetryStore
 
     state = tmp_path / "state"
     TelemetryStore(state).import_traces([load_trace(f"helios-vc:{vc_slice}")])

@@ -9,10 +9,10 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from predictor.errors import InputError
-from predictor.forecast import Forecaster, quantile_column
-from predictor.loaders import load_trace
+from predictor.data.loaders import load_trace
+from predictor.foundation.errors import InputError
 from predictor.models import MODEL_NAMES, BoostParams, build
+from predictor.models.forecast import Forecaster, quantile_column
 
 LEVELS = (0.5, 0.9, 0.99)
 SMALL = BoostParams(n_estimators=25, min_child_samples=40)

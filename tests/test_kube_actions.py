@@ -11,6 +11,7 @@ import pytest
 from fake_kube import FakeKube
 from kubernetes import client as k8s
 
+from scaler.cluster.pools import NodePool
 from scaler.kube.errors import KubeError
 from scaler.kube.nodes import (
     CORDONED_BY_GPUSCALE,
@@ -26,7 +27,6 @@ from scaler.kube.placeholders import (
     PlaceholderSettings,
     placeholder_name,
 )
-from scaler.pools import NodePool
 from scaler.providers.simulated import SimulatedCloud
 
 FAST = DrainSettings(timeout_s=0.3, poll_s=0.02)

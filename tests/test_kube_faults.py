@@ -21,11 +21,11 @@ import pytest
 from fake_kube import FakeKube
 from live_fixtures import fast_policy, pool
 
-from predictor.store import TelemetryStore
+from predictor.telemetry.store import TelemetryStore
+from scaler.controller.config import LiveConfig
+from scaler.controller.reconcile import Reconciler
+from scaler.controller.system import LiveSystem
 from scaler.kube.errors import KubeError
-from scaler.live import LiveSystem
-from scaler.live_config import LiveConfig
-from scaler.reconcile import Reconciler
 
 NOW = datetime(2025, 3, 1, 12, 0, 0)
 TIMEOUT_S = 0.5

@@ -7,8 +7,8 @@ import pytest
 from fake_kube import FakeKube
 from kubernetes import client as k8s
 
-from scaler.leader import LeaderElector, NotLeader
-from scaler.live_config import LeaseSection
+from scaler.controller.config import LeaseSection
+from scaler.controller.leader import LeaderElector, NotLeader
 
 SETTINGS = dict(name="scaler", namespace="ops", duration_s=10, renew_deadline_s=8, retry_s=2)
 

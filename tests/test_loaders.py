@@ -8,15 +8,15 @@ from pathlib import Path
 import pandas as pd
 import pytest
 
-from predictor.errors import InputError
-from predictor.loaders import (
+from predictor.data.loaders import (
     TRACE_KINDS,
     DemandTrace,
     load_openb_nodes,
     load_openb_pods,
     load_trace,
 )
-from predictor.series import STEP, gaps, regularize, resample
+from predictor.data.series import STEP, gaps, regularize, resample
+from predictor.foundation.errors import InputError
 
 
 def head_lines(source: Path, n: int) -> list[str]:

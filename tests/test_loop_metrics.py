@@ -13,11 +13,11 @@ from live_fixtures import fast_policy, pool
 from prometheus_client import generate_latest
 from prometheus_client.parser import text_string_to_metric_families
 
-from predictor.store import TelemetryStore
-from scaler.live import LiveSystem
-from scaler.live_config import LiveConfig
-from scaler.loop_metrics import LoopMetrics
-from scaler.reconcile import Reconciler
+from predictor.telemetry.store import TelemetryStore
+from scaler.controller.config import LiveConfig
+from scaler.controller.metrics import LoopMetrics
+from scaler.controller.reconcile import Reconciler
+from scaler.controller.system import LiveSystem
 
 NOW = datetime(2025, 3, 1, 12, 0, 0)
 

@@ -12,11 +12,10 @@ import pandas as pd
 import pytest
 from typer.testing import CliRunner
 
-from predictor.loaders import load_openb_nodes, load_openb_pods
+from predictor.data.loaders import load_openb_nodes, load_openb_pods
 from scaler.cli import app
 from scaler.cli.placing import parse_seeds
-from scaler.placement import ClusterState
-from scaler.placement.benchmark import (
+from scaler.evaluation.placement_bench import (
     Experiment,
     arrival_order,
     jobs_from_pods,
@@ -24,6 +23,7 @@ from scaler.placement.benchmark import (
     run_experiment,
     workload_name,
 )
+from scaler.placement import ClusterState
 
 OPENB = "alibaba-openb"
 

@@ -10,9 +10,10 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from predictor.errors import InputError
-from scaler.margin import ConformalMargin
-from scaler.planner import (
+from predictor.foundation.errors import InputError
+from scaler.cluster.pools import NodePool, load_pools, parse_pools
+from scaler.planning.margin import ConformalMargin
+from scaler.planning.planner import (
     DemandOutlook,
     FleetState,
     PlannerMemory,
@@ -21,7 +22,6 @@ from scaler.planner import (
     ScheduledSize,
     plan,
 )
-from scaler.pools import NodePool, load_pools, parse_pools
 
 AT = datetime(2024, 1, 1, 12, 0)
 LEVELS = (0.5, 0.9, 0.99)
@@ -461,7 +461,7 @@ def test_a_group_named_like_a_pool_is_served_by_that_pools_model(tmp_path: Path)
     from typer.testing import CliRunner
 
     from scaler.cli import app
-    from scaler.pools import serving_models
+    from scaler.cluster.pools import serving_models
 
     pools = tmp_path / "pools.yaml"
     pools.write_text(

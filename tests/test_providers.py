@@ -7,7 +7,7 @@ from datetime import datetime, timedelta
 
 from provider_contract import ContractCloud, ProviderContract, contract_pools
 
-from scaler.pools import NodePool
+from scaler.cluster.pools import NodePool
 from scaler.providers.base import NodeStatus
 from scaler.providers.simulated import SimulatedCloud, SimulatedCloudConfig
 

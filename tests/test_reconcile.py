@@ -12,23 +12,23 @@ import pandas as pd
 import pytest
 from live_fixtures import fast_policy, pool, write_config
 
-from predictor.errors import InputError
-from predictor.store import TelemetryStore
-from scaler.decisions import DecisionLog
-from scaler.fleet_view import FleetView, NodeView
-from scaler.kube.placeholders import PlaceholderDemand
-from scaler.live import LiveSystem
-from scaler.live_config import LiveConfig, load_live_config
-from scaler.planner import CapacityPlan, PlannerMemory, PoolDecision
-from scaler.pools import NodePool
-from scaler.providers.base import NodeStatus
-from scaler.reconcile import (
+from predictor.foundation.errors import InputError
+from predictor.telemetry.store import TelemetryStore
+from scaler.cluster.pools import NodePool
+from scaler.controller.config import LiveConfig, load_live_config
+from scaler.controller.fleet import FleetView, NodeView
+from scaler.controller.journal import DecisionLog
+from scaler.controller.reconcile import (
     PlannerState,
     Reconciler,
     choose_removals,
     hold_scale_downs,
     placeholder_demand,
 )
+from scaler.controller.system import LiveSystem
+from scaler.kube.placeholders import PlaceholderDemand
+from scaler.planning.planner import CapacityPlan, PlannerMemory, PoolDecision
+from scaler.providers.base import NodeStatus
 
 NOW = datetime(2025, 3, 1, 12, 0, 0)
 

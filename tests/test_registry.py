@@ -9,10 +9,10 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from predictor.errors import InputError
-from predictor.loaders import load_trace
+from predictor.data.loaders import load_trace
+from predictor.foundation.errors import InputError
+from predictor.lifecycle.registry import ModelRegistry, parse_reference
 from predictor.models import BoostParams, build
-from predictor.registry import ModelRegistry, parse_reference
 
 
 @pytest.fixture(scope="module")

@@ -10,11 +10,10 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from predictor.forecast import Forecaster
-from predictor.loaders import load_trace
+from predictor.data.loaders import load_trace
 from predictor.models import build
-from scaler.planner import PlannerPolicy
-from scaler.replay import (
+from predictor.models.forecast import Forecaster
+from scaler.evaluation.replay import (
     CesPolicy,
     OraclePolicy,
     ReplaySeries,
@@ -22,13 +21,14 @@ from scaler.replay import (
     horizon_mean_weights,
     replay,
 )
-from scaler.scaling_bench import (
+from scaler.evaluation.scaling_bench import (
     BenchSettings,
     bench_trace,
     planner_run,
     prepare_trace,
     summarize,
 )
+from scaler.planning.planner import PlannerPolicy
 
 STEP = pd.Timedelta("10min")
 
@@ -277,7 +277,7 @@ def test_replay_on_one_minute_steps_uses_only_forecasts_made_before_the_minute(
 
 
 def test_a_replay_step_that_does_not_divide_the_model_step_is_refused(traces_dir: Path) -> None:
-    from predictor.errors import InputError
+    from predictor.foundation.errors import InputError
 
     trace = load_trace(f"helios-vc:{traces_dir / 'helios-earth' / 'vcMod.csv.gz'}")
     with pytest.raises(InputError, match="must divide"):

@@ -28,7 +28,7 @@ from live_fixtures import (
 )
 from typer.testing import CliRunner
 
-from scaler.decisions import DecisionLog
+from scaler.controller.journal import DecisionLog
 
 pytestmark = pytest.mark.integration
 

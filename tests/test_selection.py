@@ -11,13 +11,13 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from predictor.backtest import baseline_quantile
-from predictor.errors import InputError
-from predictor.forecast import quantile_column
+from predictor.data.synthetic import generate, load_config
+from predictor.evaluation.backtest import baseline_quantile
+from predictor.foundation.errors import InputError
 from predictor.models import build
 from predictor.models.direct import split_series, uncross
+from predictor.models.forecast import quantile_column
 from predictor.models.selection import Selected, SelectionRule, combinations, score_window
-from predictor.synthetic import generate, load_config
 
 LEVELS = (0.5, 0.9, 0.99)
 CANDIDATES = ("persistence", "empirical", "seasonal-naive")
@@ -261,9 +261,9 @@ def test_models_show_prints_the_choice_and_the_registry_keeps_the_forecasts(
 ) -> None:
     from typer.testing import CliRunner
 
-    from predictor.loaders import DemandTrace
-    from predictor.registry import ModelRegistry
-    from predictor.training import train
+    from predictor.data.loaders import DemandTrace
+    from predictor.lifecycle.registry import ModelRegistry
+    from predictor.lifecycle.training import train
     from scaler.cli import app
 
     split = history["ds"].max() - pd.Timedelta("1D")

@@ -20,9 +20,9 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from live_fixtures import pool
 
-from predictor.store import TelemetryStore
-from scaler.live import LiveSystem
-from scaler.live_config import LiveConfig
+from predictor.telemetry.store import TelemetryStore
+from scaler.controller.config import LiveConfig
+from scaler.controller.system import LiveSystem
 from scaler.placement import ClusterState, Job, NodeSpec, Placement, make_policy, place
 from scaler.placement.engine import commit
 from scaler.service import create_app

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from scaler.service_bench import openb_nodes, run_service_bench
+from scaler.evaluation.service_bench import openb_nodes, run_service_bench
 
 
 def test_placements_under_load_on_the_openb_cluster_answer_without_errors(

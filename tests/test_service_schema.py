@@ -15,7 +15,7 @@ import schemathesis
 from hypothesis import HealthCheck, settings
 from live_fixtures import pool
 
-from scaler.live_config import LiveConfig
+from scaler.controller.config import LiveConfig
 from scaler.service import create_app
 
 with warnings.catch_warnings():

@@ -9,11 +9,11 @@ import numpy as np
 import pandas as pd
 import pytest
 
+from predictor.data.synthetic import generate, load_config
 from predictor.models import build
-from predictor.synthetic import generate, load_config
-from scaler.planner import PlannerPolicy
-from scaler.pools import NodePool
-from scaler.simulator import JobSimResult, compare_on_workload, simulate_jobs
+from scaler.cluster.pools import NodePool
+from scaler.evaluation.job_simulator import JobSimResult, compare_on_workload, simulate_jobs
+from scaler.planning.planner import PlannerPolicy
 
 BEGIN = pd.Timestamp("2024-01-01")
 REACTIVE = PlannerPolicy(mode="reactive")
@@ -159,7 +159,7 @@ def test_gpuscale_simulate_synthetic_compares_the_modes(tmp_path: Path) -> None:
 def test_gpuscale_simulate_on_bad_input_leaves_no_out_folder(tmp_path: Path) -> None:
     from typer.testing import CliRunner
 
-    from predictor.errors import InputError
+    from predictor.foundation.errors import InputError
     from scaler.cli import app
 
     out = tmp_path / "sim"

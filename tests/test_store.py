@@ -14,9 +14,9 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from predictor.errors import InputError
-from predictor.loaders import load_trace
-from predictor.store import TelemetryStore
+from predictor.data.loaders import load_trace
+from predictor.foundation.errors import InputError
+from predictor.telemetry.store import TelemetryStore
 
 # A child process that writes one small batch, then one big one (about a second of work).
 WRITER = textwrap.dedent(
@@ -24,7 +24,7 @@ WRITER = textwrap.dedent(
     import sys
     import numpy as np
     import pandas as pd
-    from predictor.store import TelemetryStore
+    from predictor.telemetry.store import TelemetryStore
 
     store = TelemetryStore(sys.argv[1])
     n = int(sys.argv[2])

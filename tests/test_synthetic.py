@@ -9,13 +9,13 @@ import pandas as pd
 import pytest
 import yaml
 
-from predictor.errors import InputError
-from predictor.synthetic import (
+from predictor.data.synthetic import (
     PoolSpec,
     default_config_path,
     generate,
     load_config,
 )
+from predictor.foundation.errors import InputError
 
 REPO = Path(__file__).resolve().parents[1]
 

@@ -11,8 +11,7 @@ import pandas as pd
 import pytest
 from prometheus_client import generate_latest
 
-from predictor.errors import InputError
-from predictor.store import TelemetryStore
+from predictor.foundation.errors import InputError
 from predictor.telemetry.collector import Collector, CollectorMetrics
 from predictor.telemetry.config import load_config
 from predictor.telemetry.sources import (
@@ -23,6 +22,7 @@ from predictor.telemetry.sources import (
     SourceError,
     chunk_ranges,
 )
+from predictor.telemetry.store import TelemetryStore
 
 T0 = pd.Timestamp("2026-01-01 00:00:00")
 STEP = pd.Timedelta("15s")

@@ -14,7 +14,6 @@ from fake_kube import FakeKube
 from kubernetes import client as k8s
 from typer.testing import CliRunner
 
-from predictor.store import TelemetryStore
 from predictor.telemetry.collector import Collector
 from predictor.telemetry.config import KubernetesSettings
 from predictor.telemetry.kubernetes import (
@@ -26,6 +25,7 @@ from predictor.telemetry.kubernetes import (
     pool_demand,
 )
 from predictor.telemetry.sources import RetryPolicy, SourceError
+from predictor.telemetry.store import TelemetryStore
 from scaler.cli import app
 
 POOL = "gpuscale.io/pool"

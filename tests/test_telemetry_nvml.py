@@ -12,11 +12,11 @@ from pathlib import Path
 import pandas as pd
 import pytest
 
-from predictor.store import TelemetryStore
 from predictor.telemetry.collector import Collector
 from predictor.telemetry.config import NvmlSettings
 from predictor.telemetry.nvml import NvmlSource
 from predictor.telemetry.sources import RetryPolicy, SourceError
+from predictor.telemetry.store import TelemetryStore
 
 AT = pd.Timestamp("2026-01-01 00:00:00")
 

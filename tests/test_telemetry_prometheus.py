@@ -32,7 +32,7 @@ from prometheus_fixture import (
 )
 from typer.testing import CliRunner
 
-from predictor.store import TelemetryStore
+from predictor.telemetry.store import TelemetryStore
 from scaler.cli import app
 
 pytestmark = pytest.mark.integration

@@ -9,8 +9,8 @@ import numpy as np
 import pandas as pd
 from typer.testing import CliRunner
 
-from predictor.registry import ModelRegistry
-from predictor.store import TelemetryStore
+from predictor.lifecycle.registry import ModelRegistry
+from predictor.telemetry.store import TelemetryStore
 from scaler.cli import app
 
 DAY = 144  # 10-minute steps
@@ -181,7 +181,7 @@ def test_a_served_model_that_cannot_run_is_replaced(tmp_path: Path) -> None:
 
 
 def test_models_list_refuses_a_registry_that_is_not_there(tmp_path: Path) -> None:
-    from predictor.errors import InputError
+    from predictor.foundation.errors import InputError
 
     result = CliRunner().invoke(app, ["models", "list", "--registry", str(tmp_path / "modles")])
     assert isinstance(result.exception, InputError)

@@ -19,10 +19,10 @@ from __future__ import annotations
 
 from collections.abc import Callable
 
-from predictor.errors import InputError
-from predictor.forecast import Forecaster
+from predictor.foundation.errors import InputError
 from predictor.models.baselines import EmpiricalChange, Persistence, SeasonalNaive
 from predictor.models.conformal import ConformalBoost
+from predictor.models.forecast import Forecaster
 from predictor.models.lgbm import BoostParams, QuantileBoost
 from predictor.models.selection import Selected
 from predictor.models.sharded import Sharded

@@ -25,7 +25,7 @@ from collections.abc import Sequence
 import numpy as np
 import pandas as pd
 
-from predictor.errors import InputError
+from predictor.foundation.errors import InputError
 from predictor.models.direct import DirectForecaster, SeriesArrays
 from predictor.models.lgbm import BoostParams, QuantileBoost
 

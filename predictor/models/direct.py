@@ -16,9 +16,9 @@ from dataclasses import dataclass
 import numpy as np
 import pandas as pd
 
-from predictor.errors import InputError
-from predictor.forecast import DemandForecast, quantile_column
-from predictor.series import STEP, regularize
+from predictor.data.series import STEP, regularize
+from predictor.foundation.errors import InputError
+from predictor.models.forecast import DemandForecast, quantile_column
 
 
 @dataclass(frozen=True, eq=False)

@@ -8,7 +8,7 @@ Horizons that were not trained are interpolated between the trained ones at the 
 are interpolated between the trained levels.
 
 LightGBM is driven directly rather than through mlforecast: one booster per horizon and
-level on features cut at the anchor (`predictor.features`) is the whole model, and the
+level on features cut at the anchor (`predictor.models.features`) is the whole model, and the
 leakage guarantee lives in that one cut, which a wrapper's own lag machinery would bypass.
 """
 
@@ -20,8 +20,9 @@ from dataclasses import asdict, dataclass
 import numpy as np
 import pandas as pd
 
-from predictor.errors import InputError
-from predictor.features import (
+from predictor.foundation.errors import InputError
+from predictor.models.direct import DirectForecaster, SeriesArrays, training_grid
+from predictor.models.features import (
     EXOGENOUS,
     FeatureSpec,
     anchor_features,
@@ -29,7 +30,6 @@ from predictor.features import (
     design_matrix,
     series_scale,
 )
-from predictor.models.direct import DirectForecaster, SeriesArrays, training_grid
 
 
 @dataclass(frozen=True)

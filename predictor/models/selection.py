@@ -48,10 +48,10 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
-from predictor.backtest import h_step_changes
-from predictor.errors import InputError
-from predictor.forecast import Forecaster, quantile_column
+from predictor.data.series import h_step_changes
+from predictor.foundation.errors import InputError
 from predictor.models.direct import DirectForecaster, SeriesArrays, uncross
+from predictor.models.forecast import Forecaster, quantile_column
 
 # (series, horizon in steps, level); series "*" is the pooled choice
 Key = tuple[str, int, float]

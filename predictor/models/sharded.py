@@ -20,9 +20,9 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
-from predictor.errors import InputError
-from predictor.forecast import Forecaster
+from predictor.foundation.errors import InputError
 from predictor.models.direct import DirectForecaster, SeriesArrays
+from predictor.models.forecast import Forecaster
 
 DASK_PIN = 'pip install "dask[distributed]"'
 

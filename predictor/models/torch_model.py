@@ -29,8 +29,10 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
-from predictor.errors import InputError
-from predictor.features import (
+from predictor.foundation.errors import InputError
+from predictor.models.conformal import ConformalBoost
+from predictor.models.direct import DirectForecaster, SeriesArrays, training_grid
+from predictor.models.features import (
     CALENDAR,
     EXOGENOUS,
     FeatureSpec,
@@ -38,8 +40,6 @@ from predictor.features import (
     causal_scale,
     series_scale,
 )
-from predictor.models.conformal import ConformalBoost
-from predictor.models.direct import DirectForecaster, SeriesArrays, training_grid
 from predictor.models.lgbm import _interp_rows
 
 TORCH_PIN = "torch==2.13.0"

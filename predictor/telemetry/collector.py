@@ -22,7 +22,6 @@ from dataclasses import dataclass, field
 import pandas as pd
 from prometheus_client import CollectorRegistry, Counter, Gauge, start_http_server
 
-from predictor.store import TelemetryStore
 from predictor.telemetry.config import CollectorConfig
 from predictor.telemetry.sources import (
     BackfillSource,
@@ -33,6 +32,7 @@ from predictor.telemetry.sources import (
     chunk_ranges,
     with_retries,
 )
+from predictor.telemetry.store import TelemetryStore
 
 log = logging.getLogger(__name__)
 

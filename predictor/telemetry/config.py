@@ -13,7 +13,7 @@ from pathlib import Path
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
-from predictor.config_files import FileSettings, load_model
+from predictor.foundation.config_files import FileSettings, load_model
 from predictor.telemetry.sources import RetryPolicy
 
 # DCGM exporter series carry pod labels that come and go with the pods on a GPU; keeping

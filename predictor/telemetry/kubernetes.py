@@ -29,7 +29,7 @@ from kubernetes import watch as k8s_watch
 from kubernetes.config.config_exception import ConfigException
 from kubernetes.utils import parse_quantity
 
-from predictor.errors import InputError
+from predictor.foundation.errors import InputError
 from predictor.telemetry.config import KubernetesSettings
 from predictor.telemetry.sources import MetricBatch, Source, SourceError
 

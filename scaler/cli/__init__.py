@@ -10,7 +10,7 @@ import sys
 
 import typer
 
-from predictor.errors import InputError
+from predictor.foundation.errors import InputError
 from scaler.cli import data, demo, forecasting, live, models, placing, scaling, telemetry
 from scaler.cli.output import prose
 

@@ -9,7 +9,7 @@ from typing import Annotated
 
 import typer
 
-from predictor.atomic_files import write_files
+from predictor.foundation.atomic_files import write_files
 from scaler.cli.output import table_console
 
 STATE_DIR_HELP = "State directory holding the telemetry store (created if missing)."
@@ -48,8 +48,8 @@ def generate(
     """
     import yaml
 
-    from predictor.synthetic import generate as generate_workload
-    from predictor.synthetic import load_config, pools_document
+    from predictor.data.synthetic import generate as generate_workload
+    from predictor.data.synthetic import load_config, pools_document
 
     workload = generate_workload(load_config(config), seed=seed, days=days)
     out.mkdir(parents=True, exist_ok=True)
@@ -138,8 +138,8 @@ def store_import(
     import pandas as pd
     from rich.progress import track
 
-    from predictor.loaders import load_trace
-    from predictor.store import TelemetryStore
+    from predictor.data.loaders import load_trace
+    from predictor.telemetry.store import TelemetryStore
 
     resolution = None
     if step != "native":
@@ -184,7 +184,7 @@ def store_show(
     as_json: Annotated[bool, typer.Option("--json", help="Print as JSON.")] = False,
 ) -> None:
     """Show the series in the telemetry store (span and points) and the recorded gaps."""
-    from predictor.store import TelemetryStore
+    from predictor.telemetry.store import TelemetryStore
 
     if not state_dir.is_dir():
         raise typer.BadParameter(f"no such directory: {state_dir}", param_hint="--state-dir")

@@ -28,7 +28,7 @@ def demo(
 
     from rich.progress import Progress, SpinnerColumn, TextColumn, TimeElapsedColumn
 
-    from scaler.demo import run_demo
+    from scaler.evaluation.demo import run_demo
 
     with Progress(
         SpinnerColumn(), TextColumn("{task.description}"), TimeElapsedColumn(), transient=True

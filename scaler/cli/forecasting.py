@@ -8,7 +8,7 @@ from typing import Annotated
 
 import typer
 
-from predictor.atomic_files import write_text
+from predictor.foundation.atomic_files import write_text
 from scaler.cli.output import MODEL_KINDS, jsonable, table_console
 
 TraceOption = Annotated[
@@ -83,9 +83,9 @@ def train_command(
     from rich.console import Console
     from rich.progress import Progress
 
+    from predictor.lifecycle.registry import ModelRegistry, check_name
+    from predictor.lifecycle.training import load_sources, train_and_register
     from predictor.models import build
-    from predictor.registry import ModelRegistry, check_name
-    from predictor.training import load_sources, train_and_register
 
     target = check_name(name or model)
     build(model)  # an unknown model fails before any work (and before the progress bar)
@@ -149,10 +149,10 @@ def forecast_command(
     """
     import pandas as pd
 
-    from predictor.errors import InputError
-    from predictor.forecast import quantile_column
-    from predictor.registry import ModelRegistry, parse_reference
-    from predictor.training import load_sources, stepped_history
+    from predictor.foundation.errors import InputError
+    from predictor.lifecycle.registry import ModelRegistry, parse_reference
+    from predictor.lifecycle.training import load_sources, stepped_history
+    from predictor.models.forecast import quantile_column
 
     steps = sorted(set(horizons or [1, 3, 18]))
     levels = tuple(sorted(set(quantiles or [0.5, 0.9, 0.99])))
@@ -172,8 +172,8 @@ def forecast_command(
         for _, r in future.frame.iterrows()
     ]
     if plot is not None:
-        from predictor.forecast import DemandForecast
-        from predictor.forecast_plot import plot_forecasts
+        from predictor.evaluation.forecast_plot import plot_forecasts
+        from predictor.models.forecast import DemandForecast
 
         with_median = tuple(sorted({0.5, *levels}))
         parts = []
@@ -238,8 +238,8 @@ def bench_forecast(
     from rich.console import Console
     from rich.progress import Progress
 
-    from predictor.backtest import HORIZONS, backtest_group, group_by_window, summarize
-    from predictor.loaders import load_trace
+    from predictor.data.loaders import load_trace
+    from predictor.evaluation.backtest import HORIZONS, backtest_group, group_by_window, summarize
     from predictor.models import build
 
     names = list(dict.fromkeys(models or BENCH_MODELS))
@@ -285,7 +285,7 @@ def _ratio(value: object, reference: object) -> str:
 def _print_rows(rows: list[dict[str, object]], summary: list[dict[str, object]]) -> None:
     from rich.table import Table
 
-    from predictor.backtest import TARGETS
+    from predictor.evaluation.backtest import TARGETS
 
     table = Table(title="forecast: ratios to persistence (rmse) and to the baseline (pinball)")
     for column in (

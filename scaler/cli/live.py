@@ -22,7 +22,7 @@ import typer
 from scaler.cli.output import table_console
 
 if TYPE_CHECKING:
-    from scaler.reconcile import PassOutcome
+    from scaler.controller.reconcile import PassOutcome
 
 PAUSE_ENV = "GPUSCALE_PAUSE_AT"
 CONFIG_HELP = (
@@ -77,14 +77,14 @@ def scale(
     Exits 0 after --once if the pass succeeded, 1 if an action failed or this replica
     never got the lease; runs until SIGTERM or Ctrl-C otherwise.
     """
-    from predictor.errors import InputError
+    from predictor.foundation.errors import InputError
+    from scaler.controller.config import load_live_config
+    from scaler.controller.leader import LeaderElector, NotLeader
+    from scaler.controller.metrics import LoopMetrics
+    from scaler.controller.reconcile import Reconciler
+    from scaler.controller.system import LiveSystem
     from scaler.kube.errors import KubeError
-    from scaler.leader import LeaderElector, NotLeader
-    from scaler.live import LiveSystem
-    from scaler.live_config import load_live_config
-    from scaler.loop_metrics import LoopMetrics
     from scaler.providers.base import ProviderError
-    from scaler.reconcile import Reconciler
 
     logging.basicConfig(
         level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s"
@@ -175,7 +175,7 @@ def serve(
     """
     import uvicorn
 
-    from scaler.live_config import load_live_config
+    from scaler.controller.config import load_live_config
     from scaler.service import create_app
 
     if (tls_cert is None) != (tls_key is None):
@@ -218,7 +218,7 @@ def bench_service(
     errors (any answer other than 201 or 409). Client and server share the machine's
     cores. Exits 1 on any error.
     """
-    from scaler.service_bench import openb_nodes, run_service_bench
+    from scaler.evaluation.service_bench import openb_nodes, run_service_bench
 
     result = run_service_bench(openb_nodes(nodes), seconds, concurrency, fill)
     if as_json:
@@ -240,7 +240,7 @@ def _check_tls(cert: Path, key: Path) -> None:
     unusable file ends there in a traceback."""
     import ssl
 
-    from predictor.errors import InputError
+    from predictor.foundation.errors import InputError
 
     for path in (cert, key):
         try:

@@ -93,11 +93,11 @@ def retrain(
     import pandas as pd
     from rich.console import Console
 
-    from predictor.errors import InputError
-    from predictor.registry import ModelRegistry
-    from predictor.retraining import RetrainPlan
-    from predictor.retraining import retrain as run_retrain
-    from predictor.store import TelemetryStore
+    from predictor.foundation.errors import InputError
+    from predictor.lifecycle.registry import ModelRegistry
+    from predictor.lifecycle.retraining import RetrainPlan
+    from predictor.lifecycle.retraining import retrain as run_retrain
+    from predictor.telemetry.store import TelemetryStore
 
     if not state_dir.is_dir():
         raise typer.BadParameter(f"no such directory: {state_dir}", param_hint="--state-dir")
@@ -109,7 +109,7 @@ def retrain(
     except ValueError as exc:
         raise InputError(f"bad --horizons or --step: {exc}") from None
     if quantile is None:
-        from scaler.planner import PlannerPolicy
+        from scaler.planning.planner import PlannerPolicy
 
         quantile = float(PlannerPolicy.model_fields["base_quantile"].default)
     plan = RetrainPlan(
@@ -162,9 +162,9 @@ def retrain(
 def models_list(registry: RegistryOption = Path("models"), as_json: JsonOption = False) -> None:
     """List every stored version: when it was made, what kind, its backtest score, how it
     got there (retrain, promote, rollback) and which version each name serves."""
-    from predictor.errors import InputError
-    from predictor.registry import ModelRegistry
-    from predictor.retraining import REJECTED_SUFFIX
+    from predictor.foundation.errors import InputError
+    from predictor.lifecycle.registry import ModelRegistry
+    from predictor.lifecycle.retraining import REJECTED_SUFFIX
 
     if not registry.is_dir():  # a mistyped path is not an empty registry
         raise InputError("no such directory (the model registry)", path=registry)
@@ -229,7 +229,7 @@ def models_show(
     the weight of each candidate and the validation pinball losses behind it
     (--selection prints them as a table).
     """
-    from predictor.registry import ModelRegistry, parse_reference
+    from predictor.lifecycle.registry import ModelRegistry, parse_reference
 
     name, version = parse_reference(reference)
     record = ModelRegistry(registry).record(name, version)
@@ -242,7 +242,7 @@ def models_show(
 def _print_selection(record: Any) -> None:
     from rich.table import Table
 
-    from predictor.errors import InputError
+    from predictor.foundation.errors import InputError
 
     chosen = (record.metadata.get("settings") or {}).get("selection")
     if chosen is None:
@@ -290,8 +290,8 @@ def models_promote(
     as_json: JsonOption = False,
 ) -> None:
     """Serve a stored version by hand: a copy becomes the newest version of the served name."""
-    from predictor.registry import ModelRegistry
-    from predictor.retraining import promote
+    from predictor.lifecycle.registry import ModelRegistry
+    from predictor.lifecycle.retraining import promote
 
     record = promote(ModelRegistry(registry), reference, to)
     _say(record, as_json)
@@ -304,8 +304,8 @@ def models_rollback(
 ) -> None:
     """Serve again the model served before the current one (a copy becomes the newest
     version; repeated rollbacks walk further back)."""
-    from predictor.registry import ModelRegistry, check_name
-    from predictor.retraining import rollback
+    from predictor.lifecycle.registry import ModelRegistry, check_name
+    from predictor.lifecycle.retraining import rollback
 
     record = rollback(ModelRegistry(registry), check_name(name))
     _say(record, as_json)

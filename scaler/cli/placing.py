@@ -9,12 +9,12 @@ from typing import TYPE_CHECKING, Annotated
 
 import typer
 
-from predictor.atomic_files import write_file, write_text
+from predictor.foundation.atomic_files import write_file, write_text
 
 if TYPE_CHECKING:
     from rich.table import Table
 
-    from scaler.placement.benchmark import ExperimentResult
+    from scaler.evaluation.placement_bench import ExperimentResult
 
 Anchors = dict[tuple[str, str], tuple[float, float]]
 
@@ -75,9 +75,9 @@ def register(app: typer.Typer, bench: typer.Typer) -> None:
         from rich.console import Console
         from rich.progress import Progress
 
-        from predictor.loaders import load_openb_nodes, load_openb_pods
+        from predictor.data.loaders import load_openb_nodes, load_openb_pods
+        from scaler.evaluation.placement_bench import load_anchors, run_matrix, workload_name
         from scaler.placement import POLICIES
-        from scaler.placement.benchmark import load_anchors, run_matrix, workload_name
 
         seed_list = parse_seeds(seeds)
         policy_list = [p.strip() for p in policies.split(",") if p.strip()]

@@ -10,15 +10,15 @@ from typing import TYPE_CHECKING, Annotated
 
 import typer
 
-from predictor.atomic_files import write_text
+from predictor.foundation.atomic_files import write_text
 from scaler.cli.output import jsonable, table_console
 
 if TYPE_CHECKING:
     import pandas as pd
 
-    from predictor.forecast import Forecaster
-    from scaler.planner import DemandOutlook, PlannerPolicy
-    from scaler.pools import NodePool
+    from predictor.models.forecast import Forecaster
+    from scaler.cluster.pools import NodePool
+    from scaler.planning.planner import DemandOutlook, PlannerPolicy
 
 DEFAULT_MODEL = "gpuscale"
 
@@ -104,9 +104,9 @@ def bench_scaling(
     from rich.console import Console
     from rich.progress import track
 
-    from predictor.loaders import load_trace
-    from scaler.planner import PlannerPolicy
-    from scaler.scaling_bench import BenchSettings, bench_trace, summarize
+    from predictor.data.loaders import load_trace
+    from scaler.evaluation.scaling_bench import BenchSettings, bench_trace, summarize
+    from scaler.planning.planner import PlannerPolicy
 
     if mode not in ("predictive", "hybrid"):
         raise typer.BadParameter("must be predictive or hybrid", param_hint="--mode")
@@ -153,7 +153,7 @@ def bench_scaling(
 
 
 def _model_factory(name: str) -> Callable[[], Forecaster]:
-    from predictor.errors import InputError
+    from predictor.foundation.errors import InputError
 
     try:
         from predictor.models import build
@@ -279,9 +279,9 @@ def plan_command(
 
     import pandas as pd
 
-    from predictor.errors import InputError
-    from scaler.planner import FleetState, PoolFleet, plan
-    from scaler.pools import load_pools
+    from predictor.foundation.errors import InputError
+    from scaler.cluster.pools import load_pools
+    from scaler.planning.planner import FleetState, PoolFleet, plan
 
     if (forecast_file is None) == (trace is None):
         raise InputError("give exactly one of --forecast and --trace")
@@ -292,7 +292,7 @@ def plan_command(
     if forecast_file is not None:
         frame = _read_forecast(forecast_file)
     else:
-        from predictor.loaders import load_trace
+        from predictor.data.loaders import load_trace
 
         history = load_trace(trace).resampled().frame
         forecaster = _model_factory(model)().fit(history)
@@ -344,9 +344,9 @@ def plan_command(
 def _load_policy(
     path: Path | None, mode: str | None, target_shortage: float | None
 ) -> PlannerPolicy:
-    from predictor.config_files import read_yaml, validated
-    from predictor.errors import InputError
-    from scaler.planner import PlannerPolicy
+    from predictor.foundation.config_files import read_yaml, validated
+    from predictor.foundation.errors import InputError
+    from scaler.planning.planner import PlannerPolicy
 
     document = None if path is None else read_yaml(path)
     data = {} if document is None else document.data or {}
@@ -360,7 +360,7 @@ def _load_policy(
 
 
 def _pairs(items: list[str], option: str, cast: type) -> dict[str, object]:
-    from predictor.errors import InputError
+    from predictor.foundation.errors import InputError
 
     out: dict[str, object] = {}
     for item in items:
@@ -377,7 +377,7 @@ def _pairs(items: list[str], option: str, cast: type) -> dict[str, object]:
 def _read_forecast(path: Path) -> pd.DataFrame:
     import pandas as pd
 
-    from predictor.errors import InputError
+    from predictor.foundation.errors import InputError
 
     try:
         frame = pd.read_csv(path)
@@ -398,9 +398,9 @@ def _outlooks(
 ) -> list[DemandOutlook]:
     import numpy as np
 
-    from predictor.errors import InputError
-    from scaler.planner import DemandOutlook
-    from scaler.pools import serving_models
+    from predictor.foundation.errors import InputError
+    from scaler.cluster.pools import serving_models
+    from scaler.planning.planner import DemandOutlook
 
     levels = tuple(sorted(float(c[1:]) for c in frame.columns if c.startswith("q")))
     if not levels:
@@ -484,14 +484,14 @@ def simulate(
     for capacity and run on nodes placed first-fit, reactive (Cluster Autoscaler) against
     predictive, scored by GPU-hours paid and the p50/p95 wait for capacity (jobs.png).
     """
-    from predictor.errors import InputError
+    from predictor.foundation.errors import InputError
 
     if (trace is None) == (not synthetic):
         raise InputError("give exactly one of --trace and --synthetic")
     if mode not in ("predictive", "hybrid"):
         raise typer.BadParameter("must be predictive or hybrid", param_hint="--mode")
     if synthetic and target_shortage is None:
-        from scaler.simulator import JOB_LEVEL_TARGET_SHORTAGE
+        from scaler.evaluation.job_simulator import JOB_LEVEL_TARGET_SHORTAGE
 
         target_shortage = JOB_LEVEL_TARGET_SHORTAGE
     policy = _load_policy(None, mode, target_shortage)
@@ -557,10 +557,15 @@ def _simulate_trace(
     from rich.console import Console
     from rich.progress import track
 
-    from predictor.errors import InputError
-    from predictor.loaders import load_trace
-    from scaler.scaling_bench import BenchSettings, baseline_runs, planner_run, prepare_trace
-    from scaler.scaling_plots import fleet_plot, frontier_plot
+    from predictor.data.loaders import load_trace
+    from predictor.foundation.errors import InputError
+    from scaler.evaluation.scaling_bench import (
+        BenchSettings,
+        baseline_runs,
+        planner_run,
+        prepare_trace,
+    )
+    from scaler.evaluation.scaling_plots import fleet_plot, frontier_plot
 
     trace = load_trace(
         spec, split=split, unit="gpus" if gpus_per_node and spec.startswith("series:") else None
@@ -601,10 +606,10 @@ def _simulate_jobs(
 ) -> dict[str, object]:
     import dataclasses
 
-    from predictor.synthetic import generate, load_config
-    from scaler.pools import NodePool
-    from scaler.scaling_plots import jobs_plot
-    from scaler.simulator import WARMUP, compare_on_workload
+    from predictor.data.synthetic import generate, load_config
+    from scaler.cluster.pools import NodePool
+    from scaler.evaluation.job_simulator import WARMUP, compare_on_workload
+    from scaler.evaluation.scaling_plots import jobs_plot
 
     generated = generate(load_config(workload), seed=seed, days=days)
     pools = [

@@ -11,7 +11,7 @@ from typing import Annotated
 
 import typer
 
-from predictor.errors import InputError
+from predictor.foundation.errors import InputError
 
 STATE_DIR_HELP = "State directory holding the telemetry store (created if missing)."
 
@@ -63,9 +63,9 @@ def collect(
     import pandas as pd
     from rich.progress import Progress
 
-    from predictor.store import TelemetryStore
     from predictor.telemetry.collector import Collector, CollectorMetrics, build_sources
     from predictor.telemetry.config import load_config
+    from predictor.telemetry.store import TelemetryStore
 
     logging.basicConfig(
         level=logging.INFO,

@@ -53,16 +53,16 @@ API_CALLS: dict[str, Permission] = {
 # observes the fleet for /v1/plan. The node collector (NVML) talks to no API server.
 COMPONENT_MODULES: dict[str, tuple[str, ...]] = {
     "scaler": (
-        "scaler/leader.py",
+        "scaler/controller/leader.py",
         "scaler/kube/nodes.py",
         "scaler/kube/placeholders.py",
-        "scaler/fleet_view.py",
+        "scaler/controller/fleet.py",
         "predictor/telemetry/kubernetes.py",
     ),
     "service": (
         "scaler/service/cluster.py",
         "scaler/service/extender.py",
-        "scaler/fleet_view.py",
+        "scaler/controller/fleet.py",
     ),
     "collector": (),
 }

@@ -3,12 +3,12 @@
 from scaler.placement import ClusterState, Job, Placement, place, POLICIES
 """
 
-from scaler.placement.cluster import Allocation, ClusterState, NodeSpec
+from scaler.cluster.job import Job
+from scaler.cluster.snapshot import Allocation, ClusterState, NodeSpec
 from scaler.placement.decision import Placement, Unschedulable
 from scaler.placement.defrag import DefragPlan, apply_plan, plan_defrag
 from scaler.placement.engine import commit, place
 from scaler.placement.gang import GangPlacement, commit_gang, place_gang
-from scaler.placement.job import Job
 from scaler.placement.mix import WorkloadMix
 from scaler.placement.policies import DEFAULT_POLICY, POLICIES, Policy, make_policy
 from scaler.placement.preemption import preempt

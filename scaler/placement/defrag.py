@@ -22,9 +22,9 @@ from typing import Literal
 
 import numpy as np
 
-from scaler.placement.cluster import ClusterState
+from scaler.cluster.job import WHOLE_GPU_MILLI, Job
+from scaler.cluster.snapshot import ClusterState
 from scaler.placement.engine import feasible
-from scaler.placement.job import WHOLE_GPU_MILLI, Job
 from scaler.placement.policies.base import Policy
 
 Goal = Literal["nodes", "gpus"]

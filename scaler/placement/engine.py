@@ -11,9 +11,9 @@ from __future__ import annotations
 
 import numpy as np
 
-from scaler.placement.cluster import ClusterState
+from scaler.cluster.job import WHOLE_GPU_MILLI, Job
+from scaler.cluster.snapshot import ClusterState
 from scaler.placement.decision import Placement, Unschedulable
-from scaler.placement.job import WHOLE_GPU_MILLI, Job
 from scaler.placement.policies.base import Policy
 
 

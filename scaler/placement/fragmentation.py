@@ -22,8 +22,8 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from scaler.placement.cluster import ClusterState
-from scaler.placement.job import WHOLE_GPU_MILLI, Job
+from scaler.cluster.job import WHOLE_GPU_MILLI, Job
+from scaler.cluster.snapshot import ClusterState
 from scaler.placement.mix import WorkloadMix
 
 

@@ -11,10 +11,10 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from scaler.placement.cluster import ClusterState
+from scaler.cluster.job import Job
+from scaler.cluster.snapshot import ClusterState
 from scaler.placement.decision import Placement, Unschedulable
 from scaler.placement.engine import place
-from scaler.placement.job import Job
 from scaler.placement.policies.base import Policy
 
 

@@ -12,7 +12,7 @@ from collections import Counter
 from collections.abc import Iterable
 from dataclasses import dataclass
 
-from scaler.placement.job import Job
+from scaler.cluster.job import Job
 
 
 @dataclass(frozen=True, slots=True, order=True)

@@ -20,10 +20,10 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Literal
 
-from scaler.placement.cluster import ClusterState
+from scaler.cluster.job import Job
+from scaler.cluster.snapshot import ClusterState
 from scaler.placement.decision import Placement, Unschedulable
 from scaler.placement.engine import place
-from scaler.placement.job import Job
 from scaler.placement.policies.base import Policy
 
 Order = Literal["fifo", "priority", "qssf"]

@@ -34,7 +34,7 @@ from botocore.config import Config
 from botocore.exceptions import BotoCoreError, ClientError
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
-from scaler.pools import NodePool
+from scaler.cluster.pools import NodePool
 from scaler.providers.base import Node, NodeStatus, ProviderError
 
 T = TypeVar("T")

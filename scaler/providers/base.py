@@ -23,7 +23,7 @@ from datetime import datetime
 from enum import StrEnum
 from typing import Protocol, runtime_checkable
 
-from scaler.pools import NodePool
+from scaler.cluster.pools import NodePool
 
 
 class ProviderError(RuntimeError):

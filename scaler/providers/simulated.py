@@ -17,7 +17,7 @@ from typing import Literal
 import numpy as np
 from pydantic import BaseModel, ConfigDict, Field
 
-from scaler.pools import NodePool
+from scaler.cluster.pools import NodePool
 from scaler.providers.base import Node, NodeStatus, ProviderError
 
 EventKind = Literal["launched", "ready", "launch_failed", "no_capacity", "interrupted", "deleted"]

@@ -12,10 +12,10 @@ from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
 
-from predictor.errors import InputError
+from predictor.foundation.errors import InputError
+from scaler.controller.config import LiveConfig
+from scaler.controller.system import LiveSystem
 from scaler.kube.errors import KubeError
-from scaler.live import LiveSystem
-from scaler.live_config import LiveConfig
 from scaler.providers.base import ProviderError
 from scaler.service.cluster import LiveCluster
 from scaler.service.context import ServiceContext

@@ -19,9 +19,9 @@ from dataclasses import dataclass
 
 from kubernetes import client as k8s
 
+from scaler.controller.config import MixShape
+from scaler.controller.system import LiveSystem
 from scaler.kube.errors import API_ERRORS, KubeError, kube_error
-from scaler.live import LiveSystem
-from scaler.live_config import MixShape
 from scaler.placement import (
     ClusterState,
     Job,

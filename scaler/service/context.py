@@ -12,8 +12,8 @@ from fastapi import Depends, HTTPException, Request, status
 from fastapi.concurrency import run_in_threadpool
 from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
 
-from scaler.live import LiveSystem
-from scaler.live_config import LiveConfig
+from scaler.controller.config import LiveConfig
+from scaler.controller.system import LiveSystem
 from scaler.service.cluster import LiveCluster
 from scaler.service.extender import Extender
 from scaler.service.metrics import ServiceMetrics

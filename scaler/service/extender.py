@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from kubernetes import client as k8s
 
-from predictor.errors import InputError
+from predictor.foundation.errors import InputError
 from scaler.kube.errors import API_ERRORS, KubeError, kube_error
 from scaler.placement import Job, Placement
 from scaler.service.cluster import LiveCluster

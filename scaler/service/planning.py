@@ -8,9 +8,9 @@ import threading
 import time
 from collections.abc import Callable
 
-from scaler.live import LiveSystem
+from scaler.controller.reconcile import Decision, Reconciler
+from scaler.controller.system import LiveSystem
 from scaler.providers.base import NodeStatus
-from scaler.reconcile import Decision, Reconciler
 from scaler.service.models import (
     ForecastResponse,
     NodePoolNode,

@@ -21,9 +21,9 @@ from dataclasses import dataclass
 import numpy as np
 from kubernetes.utils import parse_quantity
 
+from scaler.cluster.job import WHOLE_GPU_MILLI
 from scaler.placement import ClusterState, Job, NodeSpec, Placement, Policy, Unschedulable
 from scaler.placement.engine import admits, feasible
-from scaler.placement.job import WHOLE_GPU_MILLI
 from scaler.service.models import Container, KubeNode, KubePod, Taint, Toleration
 
 MAX_EXTENDER_PRIORITY = 10

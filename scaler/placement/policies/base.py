@@ -22,8 +22,8 @@ from typing import ClassVar
 
 import numpy as np
 
-from scaler.placement.cluster import ClusterState
-from scaler.placement.job import WHOLE_GPU_MILLI, Job
+from scaler.cluster.job import WHOLE_GPU_MILLI, Job
+from scaler.cluster.snapshot import ClusterState
 
 Choice = tuple[int, tuple[int, ...]]
 # (scores, GPU index or -1) of each given node for a job; must depend on that node alone.

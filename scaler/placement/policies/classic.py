@@ -17,8 +17,8 @@ from __future__ import annotations
 
 import numpy as np
 
-from scaler.placement.cluster import ClusterState
-from scaler.placement.job import WHOLE_GPU_MILLI, Job
+from scaler.cluster.job import WHOLE_GPU_MILLI, Job
+from scaler.cluster.snapshot import ClusterState
 from scaler.placement.policies.base import Choice, Policy, best_fit_gpus, idle_gpus
 
 MAX_SPEC_CPU = 128_000

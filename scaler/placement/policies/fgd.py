@@ -11,9 +11,9 @@ from __future__ import annotations
 
 import numpy as np
 
-from scaler.placement.cluster import ClusterState
+from scaler.cluster.job import Job
+from scaler.cluster.snapshot import ClusterState
 from scaler.placement.fragmentation import FragmentationModel
-from scaler.placement.job import Job
 from scaler.placement.mix import WorkloadMix
 from scaler.placement.policies.base import Choice, Policy, idle_gpus
 

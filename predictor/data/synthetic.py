@@ -1,0 +1,348 @@
+"""A seeded synthetic GPU cluster workload: node pools, a job stream, and its demand.
+
+The embedded default for the demo and the tests, so neither needs the shared traces. The
+job stream follows what the Philly and Helios characterisations report: arrivals with
+daily and weekly cycles, a slow trend and bursts; job sizes mostly 1 GPU with some 2/4/8
+and a few multi-node 16-64 GPU jobs; log-normal (heavy-tailed) durations; GPU-sharing
+inference jobs asking part of one GPU.
+
+Demand is what the jobs would hold if each ran the moment it was submitted: per pool and
+minute, the GPUs (GPU-sharing jobs count their share, `gpu_milli / 1000`) of every job
+submitted and not yet finished. No queue is modelled here; waiting for capacity is what the
+scaler's job-level simulation adds on top of these jobs.
+
+Pool fields use the names of `scaler.cluster.pools.NodePool`, so the `pools.yaml` that
+`gpuscale generate` writes loads there unchanged.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+from dataclasses import dataclass
+from datetime import datetime
+from importlib import resources
+from pathlib import Path
+from typing import Literal
+
+import numpy as np
+import pandas as pd
+from pydantic import BaseModel, ConfigDict, Field, model_validator
+
+from predictor.data.loaders import DemandTrace
+from predictor.foundation.config_files import FieldError, load_model
+from predictor.foundation.errors import InputError
+
+DEFAULT_CONFIG_NAME = "synthetic_default.yaml"
+MINUTES_PER_DAY = 24 * 60
+WHOLE_GPU_MILLI = 1000
+
+
+class PoolConfig(BaseModel):
+    """One pool of identical nodes (same fields as `scaler.cluster.pools.NodePool`)."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    name: str = Field(pattern=r"^[a-z0-9][a-z0-9-]*$")
+    gpu_model: str = Field(min_length=1)
+    gpus_per_node: int = Field(gt=0, le=16)
+    cpu_milli_per_node: int = Field(gt=0)
+    memory_mib_per_node: int = Field(gt=0)
+    price_per_hour: float = Field(ge=0)
+    power_watts: float = Field(ge=0)
+    boot_seconds: float = Field(ge=0)
+    min_size: int = Field(ge=0)
+    max_size: int = Field(gt=0)
+    capacity_type: Literal["on-demand", "spot"] = "on-demand"
+
+    @model_validator(mode="after")
+    def _sizes(self) -> PoolConfig:
+        if self.max_size < self.min_size:
+            raise ValueError(f"max_size {self.max_size} is below min_size {self.min_size}")
+        return self
+
+
+class DurationConfig(BaseModel):
+    """Log-normal run time in minutes, clipped to [min_minutes, max_minutes]."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    median_minutes: float = Field(gt=0)
+    sigma: float = Field(ge=0, le=4)
+    min_minutes: int = Field(default=1, ge=1)
+    max_minutes: int = Field(gt=0)
+
+    @model_validator(mode="after")
+    def _bounds(self) -> DurationConfig:
+        if self.max_minutes < self.min_minutes:
+            raise ValueError("max_minutes is below min_minutes")
+        return self
+
+
+class BurstConfig(BaseModel):
+    """Episodes (a deadline, a sweep) when arrivals multiply by `factor`."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    per_week: float = Field(default=0.0, ge=0)
+    mean_hours: float = Field(default=3.0, gt=0)
+    factor: float = Field(default=3.0, ge=1)
+
+
+class StreamConfig(BaseModel):
+    """One kind of job. The arrival rate is `jobs_per_hour` at the daily mean on a weekday
+    at the start, shaped by the daily cycle (peak at `peak_hour`), the weekend factor, the
+    weekly trend and the bursts."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    name: str = Field(min_length=1)
+    kind: Literal["training", "inference"]
+    pools: dict[str, float] = Field(min_length=1, description="pool name -> choice weight")
+    jobs_per_hour: float = Field(gt=0)
+    gpus: dict[int, float] = Field(min_length=1, description="GPUs per job -> weight")
+    gpu_milli: dict[int, float] = Field(
+        default={WHOLE_GPU_MILLI: 1.0}, description="share of a 1-GPU job's GPU -> weight"
+    )
+    host_share: float = Field(
+        default=0.5, gt=0, le=1, description="share of a node's CPU and memory per GPU"
+    )
+    priority: int = 0
+    duration: DurationConfig
+    daily_amplitude: float = Field(default=0.3, ge=0, le=1)
+    peak_hour: float = Field(default=14.0, ge=0, lt=24)
+    weekend_factor: float = Field(default=0.7, gt=0, le=2)
+    trend_per_week: float = Field(default=0.0, gt=-1, le=1)
+    bursts: BurstConfig = BurstConfig()
+
+    @model_validator(mode="after")
+    def _weights(self) -> StreamConfig:
+        for field in ("pools", "gpus", "gpu_milli"):
+            weights = getattr(self, field)
+            if any(w < 0 for w in weights.values()) or sum(weights.values()) <= 0:
+                raise ValueError(f"{field}: weights must be non-negative with a positive sum")
+        if any(g < 1 for g in self.gpus):
+            raise ValueError("gpus: job sizes must be at least 1")
+        if any(not 0 < m <= WHOLE_GPU_MILLI for m in self.gpu_milli):
+            raise ValueError("gpu_milli: shares must be in 1..1000")
+        return self
+
+
+class WorkloadConfig(BaseModel):
+    """A cluster and its job streams."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    start: datetime
+    days: float = Field(gt=0, le=365)
+    warmup_days: float = Field(default=3.0, ge=0, le=30)
+    pools: list[PoolConfig] = Field(min_length=1)
+    streams: list[StreamConfig] = Field(min_length=1)
+
+    @model_validator(mode="after")
+    def _references(self) -> WorkloadConfig:
+        pools = {pool.name: pool for pool in self.pools}
+        if len(pools) != len(self.pools):
+            raise FieldError("pools", "pool names must be unique")
+        for index, stream in enumerate(self.streams):
+            for name in stream.pools:
+                pool = pools.get(name)
+                if pool is None:
+                    raise FieldError(f"streams.{index}.pools", f"unknown pool {name!r}")
+                per_node = pool.gpus_per_node
+                for size in stream.gpus:
+                    if size > per_node and size % per_node:
+                        raise FieldError(
+                            f"streams.{index}.gpus",
+                            f"a {size}-GPU job does not fill whole {per_node}-GPU nodes of"
+                            f" pool {name!r}",
+                        )
+                    if size > per_node * pool.max_size:
+                        raise FieldError(
+                            f"streams.{index}.gpus", f"a {size}-GPU job exceeds pool {name!r}"
+                        )
+        return self
+
+
+@dataclass(frozen=True)
+class PoolSpec:
+    """A generated pool (the fields of `scaler.cluster.pools.NodePool`)."""
+
+    name: str
+    gpu_model: str
+    gpus_per_node: int
+    cpu_milli_per_node: int
+    memory_mib_per_node: int
+    price_per_hour: float
+    power_watts: float
+    boot_seconds: float
+    min_size: int
+    max_size: int
+    capacity_type: str
+
+
+@dataclass(frozen=True, eq=False)
+class SyntheticWorkload:
+    """Jobs and demand over [start, end).
+
+    `jobs`: one row per job, by submit time: `job_id`, `stream`, `kind` (training or
+    inference), `pool`, `submit` (timestamp), `gpus`, `gpu_milli` (share of each GPU, < 1000
+    for GPU-sharing jobs), `cpu_milli`, `memory_mib`, `duration_min`, `priority`. It holds
+    the jobs submitted in the window and those from the warm-up still running at `start`
+    (a cluster never starts empty), so some submit times precede `start`.
+
+    `demand`: long table per pool at one-minute steps: `unique_id` (pool name), `ds`, `y`
+    (GPUs held if every job ran at once).
+    """
+
+    seed: int
+    start: pd.Timestamp
+    end: pd.Timestamp
+    pools: list[PoolSpec]
+    jobs: pd.DataFrame
+    demand: pd.DataFrame
+
+    def trace(self, split: str | pd.Timestamp | None = None) -> DemandTrace:
+        """The demand as a trace (unit GPUs), with the generic test window."""
+        return DemandTrace.from_frame(
+            self.demand, kind="series", unit="gpus", path=f"synthetic:seed={self.seed}", split=split
+        )
+
+
+def default_config_path() -> Path:
+    """The shipped default (package data of `predictor`; `data/synthetic/default.yaml` in
+    the repository is a link to it)."""
+    return Path(str(resources.files("predictor.data") / DEFAULT_CONFIG_NAME))
+
+
+def load_config(path: str | Path | None = None) -> WorkloadConfig:
+    """Read and validate a YAML workload config (the default when `path` is None); errors
+    name the file and the field, e.g. `pools.0.max_size`."""
+    return load_model(WorkloadConfig, default_config_path() if path is None else path)
+
+
+def generate(config: WorkloadConfig, seed: int, days: float | None = None) -> SyntheticWorkload:
+    """Jobs and per-pool demand for `days` (default: the config's), the same for a seed."""
+    rng = np.random.default_rng(seed)
+    span_days = config.days if days is None else days
+    if span_days <= 0:
+        raise InputError(f"days must be positive, not {span_days}")
+    start = pd.Timestamp(config.start).floor("min")
+    warmup = round(config.warmup_days * MINUTES_PER_DAY)
+    minutes = round(span_days * MINUTES_PER_DAY)
+    pools = {pool.name: pool for pool in config.pools}
+    parts = [_stream_jobs(s, pools, start, warmup, minutes, rng) for s in config.streams]
+    jobs = pd.concat(parts, ignore_index=True)
+    # Warm-up jobs matter only while they still run inside the window.
+    jobs = jobs[jobs["minute"] + jobs["duration_min"] > 0]
+    jobs = jobs.sort_values(["minute", "offset_s"], kind="stable").reset_index(drop=True)
+    demand = _demand(jobs, list(pools), start, minutes)
+    jobs.insert(0, "job_id", [f"job-{i:06d}" for i in range(len(jobs))])
+    seconds = jobs["minute"].to_numpy() * 60 + jobs["offset_s"].to_numpy()
+    jobs.insert(4, "submit", start + pd.to_timedelta(seconds, unit="s"))
+    jobs = jobs.drop(columns=["minute", "offset_s"])
+    return SyntheticWorkload(
+        seed=seed,
+        start=start,
+        end=start + pd.Timedelta(minutes=minutes),
+        pools=[PoolSpec(**pool.model_dump()) for pool in config.pools],
+        jobs=jobs,
+        demand=demand,
+    )
+
+
+def pools_document(pools: list[PoolSpec]) -> dict[str, list[dict[str, object]]]:
+    """The `{pools: [...]}` mapping that `scaler.cluster.pools.load_pools` reads."""
+    return {"pools": [dataclasses.asdict(pool) for pool in pools]}
+
+
+def _stream_jobs(
+    stream: StreamConfig,
+    pools: dict[str, PoolConfig],
+    start: pd.Timestamp,
+    warmup: int,
+    minutes: int,
+    rng: np.random.Generator,
+) -> pd.DataFrame:
+    offsets = np.arange(-warmup, minutes)
+    rate = _arrival_rate(stream, start, offsets, rng)
+    counts = rng.poisson(rate)
+    minute = np.repeat(offsets, counts)
+    n = len(minute)
+    pool_names = list(stream.pools)
+    pool = np.asarray(pool_names, dtype=object)[
+        rng.choice(len(pool_names), size=n, p=_probabilities(stream.pools))
+    ]
+    sizes = np.fromiter(stream.gpus, dtype="int64")
+    gpus = sizes[rng.choice(len(sizes), size=n, p=_probabilities(stream.gpus))]
+    shares = np.fromiter(stream.gpu_milli, dtype="int64")
+    milli = shares[rng.choice(len(shares), size=n, p=_probabilities(stream.gpu_milli))]
+    milli = np.where(gpus == 1, milli, WHOLE_GPU_MILLI)
+    spec = stream.duration
+    raw = rng.lognormal(math.log(spec.median_minutes), spec.sigma, size=n)
+    duration = np.clip(np.rint(raw), spec.min_minutes, spec.max_minutes).astype("int64")
+    per_gpu_cpu = np.array([pools[p].cpu_milli_per_node / pools[p].gpus_per_node for p in pool])
+    per_gpu_mem = np.array([pools[p].memory_mib_per_node / pools[p].gpus_per_node for p in pool])
+    gpu_equiv = gpus * milli / WHOLE_GPU_MILLI
+    return pd.DataFrame(
+        {
+            "stream": stream.name,
+            "kind": stream.kind,
+            "pool": pool,
+            "minute": minute,
+            "offset_s": rng.uniform(0, 60, size=n).round(3),
+            "gpus": gpus,
+            "gpu_milli": milli,
+            # Whole cores and GiB, at least one of each: what a real pod spec would ask.
+            "cpu_milli": np.maximum(
+                1000, np.floor(per_gpu_cpu * gpu_equiv * stream.host_share / 1000) * 1000
+            ).astype("int64"),
+            "memory_mib": np.maximum(
+                1024, np.floor(per_gpu_mem * gpu_equiv * stream.host_share / 1024) * 1024
+            ).astype("int64"),
+            "duration_min": duration,
+            "priority": stream.priority,
+        }
+    )
+
+
+def _arrival_rate(
+    stream: StreamConfig, start: pd.Timestamp, offsets: np.ndarray, rng: np.random.Generator
+) -> np.ndarray:
+    """Expected arrivals in each minute."""
+    moments = start + pd.to_timedelta(offsets, unit="min")
+    hour = moments.hour.to_numpy() + moments.minute.to_numpy() / 60
+    daily = 1 + stream.daily_amplitude * np.cos(2 * np.pi * (hour - stream.peak_hour) / 24)
+    weekend = np.where(moments.dayofweek.to_numpy() >= 5, stream.weekend_factor, 1.0)
+    trend = (1 + stream.trend_per_week) ** (offsets / (7 * MINUTES_PER_DAY))
+    burst = np.ones(len(offsets))
+    weeks = len(offsets) / (7 * MINUTES_PER_DAY)
+    for _ in range(rng.poisson(stream.bursts.per_week * weeks)):
+        first = rng.integers(0, len(offsets))
+        length = max(1, round(rng.exponential(stream.bursts.mean_hours) * 60))
+        burst[first : first + length] *= stream.bursts.factor
+    return stream.jobs_per_hour / 60 * daily * weekend * trend * burst
+
+
+def _demand(
+    jobs: pd.DataFrame, pool_names: list[str], start: pd.Timestamp, minutes: int
+) -> pd.DataFrame:
+    """GPUs held per pool and minute: +gpus at the submit minute, -gpus at the end."""
+    first = np.clip(jobs["minute"].to_numpy(), 0, minutes)
+    last = np.clip(jobs["minute"].to_numpy() + jobs["duration_min"].to_numpy(), 0, minutes)
+    held = jobs["gpus"].to_numpy() * jobs["gpu_milli"].to_numpy() / WHOLE_GPU_MILLI
+    ds = pd.date_range(start, periods=minutes, freq="min")
+    frames = []
+    for name in sorted(pool_names):
+        mine = (jobs["pool"] == name).to_numpy()
+        change = np.zeros(minutes + 1)
+        np.add.at(change, first[mine], held[mine])
+        np.add.at(change, last[mine], -held[mine])
+        level = np.cumsum(change[:minutes]).round(3)  # sums of thousandths: no float drift
+        frames.append(pd.DataFrame({"unique_id": name, "ds": ds, "y": level}))
+    return pd.concat(frames, ignore_index=True)
+
+
+def _probabilities(weights: dict) -> np.ndarray:
+    values = np.fromiter(weights.values(), dtype="float64")
+    return values / values.sum()

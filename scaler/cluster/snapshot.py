@@ -1,0 +1,248 @@
+"""The cluster as the placement engine sees it: nodes, their free CPU, memory and GPU shares.
+
+Everything per node lives in numpy arrays so a policy scores all nodes at once. GPUs are
+addressed by index on their node; `gpu_free[n, g]` is the free share of GPU g of node n in
+thousandths (1000 = idle), and slots past a node's GPU count stay at 0 so they never fit.
+`version[n]` changes whenever node n changes: policies key their per-node caches on it,
+so after a placement only the chosen node is recomputed.
+"""
+
+from __future__ import annotations
+
+import copy
+from collections import Counter
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any
+
+import numpy as np
+
+from scaler.cluster.job import WHOLE_GPU_MILLI, Job
+
+if TYPE_CHECKING:
+    import pandas as pd
+
+# Columns of `ClusterState.shape_counts`: 0 counts GPU-sharing jobs, k counts k-GPU jobs.
+MAX_SHAPE = 8
+
+
+@dataclass(frozen=True, slots=True)
+class NodeSpec:
+    """A node's capacity and scheduling attributes; `taints` are `key=value:Effect` strings."""
+
+    name: str
+    cpu_milli: int
+    memory_mib: int
+    gpus: int = 0
+    model: str = ""
+    labels: tuple[tuple[str, str], ...] = ()
+    taints: frozenset[str] = frozenset()
+
+
+@dataclass(frozen=True, slots=True)
+class Allocation:
+    """A job bound to a node: which GPUs it holds and since when (seconds, caller's clock)."""
+
+    job: Job
+    node: int
+    gpus: tuple[int, ...]
+    since_s: float = 0.0
+
+    def gpu_seconds(self, now_s: float) -> float:
+        """GPU time the job has run so far: the work lost if it is evicted now."""
+        held = len(self.gpus) * self.job.gpu_milli / WHOLE_GPU_MILLI
+        return max(0.0, now_s - self.since_s) * held
+
+
+@dataclass(eq=False)
+class ClusterState:
+    """Free and used resources of every node, plus the jobs bound to them.
+
+    Build it with `ClusterState.from_nodes` (or `from_frame` for the openb node list);
+    change it only through `bind`, `release` and `set_draining`, which keep the derived
+    arrays and `version` consistent.
+    """
+
+    names: list[str]
+    models: list[str]
+    model_id: np.ndarray
+    cpu_cap: np.ndarray
+    mem_cap: np.ndarray
+    gpu_count: np.ndarray
+    cpu_free: np.ndarray
+    mem_free: np.ndarray
+    gpu_free: np.ndarray
+    full_free: np.ndarray
+    max_free: np.ndarray
+    shape_counts: np.ndarray
+    draining: np.ndarray
+    labels: list[dict[str, str]]
+    taints: list[frozenset[str]]
+    version: np.ndarray
+    jobs: dict[str, Allocation] = field(default_factory=dict)
+    node_jobs: list[set[str]] = field(default_factory=list)
+    service_nodes: dict[str, Counter[int]] = field(default_factory=dict)
+    tainted: bool = False
+    # Memoised per-node data of policies (e.g. fragmentation), keyed by the policy; each
+    # entry checks `version` before use, so it is never stale.
+    derived: dict[Any, Any] = field(default_factory=dict)
+
+    @classmethod
+    def from_nodes(cls, nodes: Sequence[NodeSpec]) -> ClusterState:
+        if not nodes:
+            raise ValueError("a cluster needs at least one node")
+        names = [n.name for n in nodes]
+        if len(set(names)) != len(names):
+            raise ValueError("node names must be unique")
+        models = sorted({n.model for n in nodes if n.gpus > 0})
+        index = {m: i for i, m in enumerate(models)}
+        width = max(1, max(n.gpus for n in nodes))
+        count = np.array([n.gpus for n in nodes], dtype=np.int64)
+        gpu_free = np.where(np.arange(width)[None, :] < count[:, None], WHOLE_GPU_MILLI, 0)
+        cpu = np.array([n.cpu_milli for n in nodes], dtype=np.int64)
+        mem = np.array([n.memory_mib for n in nodes], dtype=np.int64)
+        return cls(
+            names=names,
+            models=models,
+            model_id=np.array([index.get(n.model, -1) if n.gpus else -1 for n in nodes]),
+            cpu_cap=cpu,
+            mem_cap=mem,
+            gpu_count=count,
+            cpu_free=cpu.copy(),
+            mem_free=mem.copy(),
+            gpu_free=gpu_free.astype(np.int64),
+            full_free=count.copy(),
+            max_free=np.where(count > 0, WHOLE_GPU_MILLI, 0).astype(np.int64),
+            shape_counts=np.zeros((len(nodes), MAX_SHAPE + 1), dtype=np.int64),
+            draining=np.zeros(len(nodes), dtype=bool),
+            labels=[dict(n.labels) for n in nodes],
+            taints=[frozenset(n.taints) for n in nodes],
+            version=np.zeros(len(nodes), dtype=np.int64),
+            node_jobs=[set() for _ in nodes],
+            tainted=any(n.taints for n in nodes),
+        )
+
+    @classmethod
+    def from_frame(cls, frame: pd.DataFrame) -> ClusterState:
+        """From a node table with columns sn, cpu_milli, memory_mib, gpu, model."""
+        return cls.from_nodes(
+            [
+                NodeSpec(str(sn), int(cpu), int(mem), int(gpu), str(model))
+                for sn, cpu, mem, gpu, model in zip(
+                    frame["sn"],
+                    frame["cpu_milli"],
+                    frame["memory_mib"],
+                    frame["gpu"],
+                    frame["model"],
+                    strict=True,
+                )
+            ]
+        )
+
+    # ------------------------------------------------------------------ queries
+    @property
+    def size(self) -> int:
+        return len(self.names)
+
+    def model_mask(self, models: frozenset[str]) -> np.ndarray:
+        """mask[n]: node n has GPUs of one of `models` (any model when empty)."""
+        key = ("model-mask", models)
+        mask = self.derived.get(key)
+        if mask is None:
+            allowed = [not models or m in models for m in self.models] + [False]
+            mask = np.asarray(allowed)[self.model_id]
+            self.derived[key] = mask
+        return mask
+
+    @property
+    def total_gpu_milli(self) -> int:
+        return int(self.gpu_count.sum()) * WHOLE_GPU_MILLI
+
+    @property
+    def allocated_gpu_milli(self) -> int:
+        return self.total_gpu_milli - int(self.gpu_free.sum())
+
+    def node_index(self, name: str) -> int:
+        try:
+            return self.names.index(name)
+        except ValueError:
+            raise KeyError(f"no node named {name!r}") from None
+
+    def jobs_on(self, node: int) -> list[Allocation]:
+        return [self.jobs[j] for j in sorted(self.node_jobs[node])]
+
+    def is_empty(self, node: int) -> bool:
+        return not self.node_jobs[node]
+
+    def copy(self) -> ClusterState:
+        """An independent state (what-if planning for gangs, preemption, defragmentation)."""
+        clone = copy.copy(self)
+        for name in (
+            "cpu_free",
+            "mem_free",
+            "gpu_free",
+            "full_free",
+            "max_free",
+            "shape_counts",
+            "draining",
+            "version",
+        ):
+            setattr(clone, name, getattr(self, name).copy())
+        clone.jobs = dict(self.jobs)
+        clone.node_jobs = [set(s) for s in self.node_jobs]
+        clone.service_nodes = {k: Counter(v) for k, v in self.service_nodes.items()}
+        clone.derived = {k: v.copy() for k, v in self.derived.items()}
+        return clone
+
+    # ------------------------------------------------------------------ changes
+    def bind(self, job: Job, node: int, gpus: Iterable[int], since_s: float = 0.0) -> Allocation:
+        """Commit `job` to `node` and GPU indices `gpus`; raises ValueError if it does not fit."""
+        gpus = tuple(int(g) for g in gpus)
+        if job.id in self.jobs:
+            raise ValueError(f"job {job.id!r} is already bound")
+        if len(gpus) != job.num_gpu or len(set(gpus)) != len(gpus):
+            raise ValueError(f"job {job.id!r} needs {job.num_gpu} distinct GPUs, got {gpus}")
+        if self.cpu_free[node] < job.cpu_milli or self.mem_free[node] < job.memory_mib:
+            raise ValueError(f"job {job.id!r} does not fit node {self.names[node]!r}")
+        for g in gpus:
+            if g >= self.gpu_count[node] or self.gpu_free[node, g] < job.gpu_milli:
+                raise ValueError(f"GPU {g} of node {self.names[node]!r} cannot hold {job.id!r}")
+        allocation = Allocation(job, node, gpus, since_s)
+        self._apply(allocation, -1)
+        self.jobs[job.id] = allocation
+        self.node_jobs[node].add(job.id)
+        if job.service:
+            self.service_nodes.setdefault(job.service, Counter())[node] += 1
+        return allocation
+
+    def release(self, job_id: str) -> Allocation:
+        """Remove a bound job (finished, evicted or moved) and free what it held."""
+        allocation = self.jobs.pop(job_id)
+        self._apply(allocation, +1)
+        self.node_jobs[allocation.node].discard(job_id)
+        service = allocation.job.service
+        if service:
+            replicas = self.service_nodes[service]
+            replicas[allocation.node] -= 1
+            if replicas[allocation.node] <= 0:
+                del replicas[allocation.node]
+        return allocation
+
+    def set_draining(self, nodes: Iterable[int], draining: bool = True) -> None:
+        """Mark nodes as leaving soon: placement avoids them while other nodes fit."""
+        for n in nodes:
+            self.draining[n] = draining
+            self.version[n] += 1
+
+    def _apply(self, allocation: Allocation, sign: int) -> None:
+        job, n = allocation.job, allocation.node
+        self.cpu_free[n] += sign * job.cpu_milli
+        self.mem_free[n] += sign * job.memory_mib
+        if allocation.gpus:
+            self.gpu_free[n, list(allocation.gpus)] += sign * job.gpu_milli
+            row = self.gpu_free[n]
+            self.full_free[n] = int((row == WHOLE_GPU_MILLI).sum())
+            self.max_free[n] = int(row.max())
+            shape = 0 if job.is_sharing else min(job.num_gpu, MAX_SHAPE)
+            self.shape_counts[n, shape] -= sign
+        self.version[n] += 1

@@ -1,0 +1,267 @@
+"""Configuration of the live loop (`gpuscale scale`) and the service (`gpuscale serve`).
+
+One YAML file plus environment variables, validated at start (pydantic-settings). The
+environment overrides the file: `GPUSCALE_STATE_DIR=/var/lib/gpuscale`,
+`GPUSCALE_SERVICE__TOKEN=...`, `GPUSCALE_LEASE__IDENTITY=$(POD_NAME)` (nested fields joined
+by `__`). An invalid value is an `InputError` naming the file, the line and the field, so a
+bad config never reaches a running loop.
+
+```yaml
+state_dir: /var/lib/gpuscale          # the telemetry store and the decision log
+reconcile_interval_s: 60
+pools: [{name: a100, gpu_model: A100, gpus_per_node: 8, price_per_hour: 32, max_size: 20}]
+provider:
+  kind: aws
+  aws: {region: us-east-1, bindings: [{pool: a100, auto_scaling_group: gpu-a100}]}
+kubernetes: {kubeconfig: ~/.kube/config}   # absent: no cordon/drain, no placeholders
+demand: {metric: gpu_demand, stale_after_s: 300}
+model: {name: gpuscale}
+policy: {mode: predictive}
+lease: {namespace: gpuscale-system}
+service: {token_file: /var/run/secrets/gpuscale/token}
+```
+"""
+
+from __future__ import annotations
+
+import re
+import socket
+from pathlib import Path
+from typing import Literal
+
+from pydantic import (
+    BaseModel,
+    ConfigDict,
+    Field,
+    SecretStr,
+    model_validator,
+)
+
+from predictor.foundation.config_files import FileSettings, load_model
+from predictor.foundation.errors import InputError
+from predictor.telemetry.config import KubernetesSettings
+from scaler.cluster.pools import NodePool
+from scaler.kube.placeholders import PlaceholderSettings
+from scaler.planning.planner import PlannerPolicy
+from scaler.providers.aws import AwsSettings
+from scaler.providers.simulated import SimulatedCloudConfig
+
+_PLACEHOLDER_POOL = re.compile(r"^[a-z0-9]([-a-z0-9]{0,38}[a-z0-9])?$")
+
+
+class _Section(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+
+class SimulatedProvider(SimulatedCloudConfig):
+    """The simulated cloud, for trying the loop without a cloud account. It lives in the
+    process: its nodes start over when the process does."""
+
+    initial_sizes: dict[str, int] = Field(
+        default_factory=dict, description="ready nodes per pool at start (default: min_size)"
+    )
+
+
+class ProviderSection(_Section):
+    kind: Literal["simulated", "aws"] = "simulated"
+    simulated: SimulatedProvider = SimulatedProvider()
+    aws: AwsSettings | None = None
+
+    @model_validator(mode="after")
+    def _aws_needs_bindings(self) -> ProviderSection:
+        if self.kind == "aws" and self.aws is None:
+            raise ValueError("provider kind aws needs an `aws` section with bindings")
+        return self
+
+
+class DrainSection(_Section):
+    timeout_s: float = Field(default=120.0, gt=0, description="how long evictions may take")
+    poll_s: float = Field(default=5.0, gt=0)
+    unremovable_s: float = Field(
+        default=600.0, ge=0, description="a node whose drain was blocked is not chosen again"
+    )
+
+
+class KubernetesSection(KubernetesSettings):
+    """Access to the cluster (kubeconfig, in-cluster service account, or a plain `host`
+    such as `kubectl proxy`), and what the loop does there."""
+
+    host: str | None = Field(
+        default=None,
+        pattern=r"^https?://",
+        description="API server URL used without credentials (kubectl proxy); overrides kubeconfig",
+    )
+    drain: DrainSection = DrainSection()
+    pre_position: bool = Field(default=True, description="keep placeholder pods for headroom")
+    placeholder_gpus: int | None = Field(
+        default=None, gt=0, description="GPUs per placeholder (default: a whole node's)"
+    )
+    placeholders: PlaceholderSettings = PlaceholderSettings()
+    gpu_milli_annotation: str = Field(
+        default="gpuscale.io/gpu-milli", description="pod annotation asking a GPU share"
+    )
+    gpus_annotation: str = Field(
+        default="gpuscale.io/gpus", description="pod annotation recording its GPU indices"
+    )
+
+
+class DemandGroup(_Section):
+    gpu_models: tuple[str, ...] = Field(default=(), description="empty: any pool may serve it")
+
+
+class DemandSection(_Section):
+    metric: str = Field(default="gpu_demand", min_length=1, description="store metric")
+    series: tuple[str, ...] | None = Field(
+        default=None, description="store series to forecast (none: every series of the metric)"
+    )
+    groups: dict[str, DemandGroup] = Field(
+        default_factory=dict,
+        description="GPU models each series may use; a series named like a pool defaults to"
+        " that pool's model",
+    )
+    history_s: float = Field(default=7 * 86400, gt=0, description="history read per decision")
+    stale_after_s: float = Field(
+        default=300.0,
+        gt=0,
+        description="a series whose newest point is older than this is stale: no scale-down",
+    )
+
+
+class ModelSection(_Section):
+    name: str = Field(default="gpuscale", min_length=1)
+    registry: Path | None = Field(
+        default=None, description="model registry root; none: fit on the store's history"
+    )
+    version: int | None = Field(default=None, ge=1, description="registry version; none: latest")
+    refit_s: float = Field(
+        default=86400.0, gt=0, description="refit interval when fitting on the store's history"
+    )
+
+
+class LeaseSection(_Section):
+    enabled: bool = True
+    name: str = Field(default="gpuscale-scaler", min_length=1)
+    namespace: str = Field(default="gpuscale-system", min_length=1)
+    identity: str = Field(default_factory=socket.gethostname, min_length=1)
+    duration_s: int = Field(default=15, ge=1, description="how long a lease holds unrenewed")
+    renew_deadline_s: float = Field(
+        default=10.0, gt=0, description="a leader that could not renew for this long stops"
+    )
+    retry_s: float = Field(default=2.0, gt=0, description="renew at least this often")
+
+    @model_validator(mode="after")
+    def _deadline(self) -> LeaseSection:
+        if self.renew_deadline_s >= self.duration_s:
+            raise ValueError("renew_deadline_s must be below duration_s")
+        return self
+
+
+class PlacementNode(_Section):
+    """A node of a fixed cluster for the placement service (without Kubernetes)."""
+
+    name: str = Field(min_length=1)
+    pool: str | None = None
+    gpus: int = Field(default=0, ge=0)
+    gpu_model: str = ""
+    cpu_milli: int = Field(ge=0)
+    memory_mib: int = Field(ge=0)
+    labels: dict[str, str] = Field(default_factory=dict)
+
+
+class MixShape(_Section):
+    """One typical job shape and its share of jobs (the fragmentation policies need them)."""
+
+    cpu_milli: int = Field(default=0, ge=0)
+    memory_mib: int = Field(default=0, ge=0)
+    num_gpu: int = Field(default=1, ge=0)
+    gpu_milli: int = Field(default=1000, ge=0, le=1000)
+    gpu_models: tuple[str, ...] = ()
+    weight: int = Field(default=1, ge=1)
+
+
+DEFAULT_MIX: tuple[MixShape, ...] = (
+    MixShape(cpu_milli=4000, memory_mib=16384, num_gpu=1, gpu_milli=500, weight=2),
+    MixShape(cpu_milli=8000, memory_mib=32768, num_gpu=1, weight=4),
+    MixShape(cpu_milli=16000, memory_mib=65536, num_gpu=2, weight=2),
+    MixShape(cpu_milli=32000, memory_mib=131072, num_gpu=4, weight=1),
+    MixShape(cpu_milli=64000, memory_mib=262144, num_gpu=8, weight=1),
+    MixShape(cpu_milli=2000, memory_mib=4096, num_gpu=0, gpu_milli=0, weight=2),
+)
+
+
+class PlacementSection(_Section):
+    policy: str = Field(default="gpuscale", description="placement policy (scaler.placement)")
+    seed: int = 0
+    mix: tuple[MixShape, ...] = Field(default=DEFAULT_MIX, min_length=1)
+    nodes: tuple[PlacementNode, ...] = Field(
+        default=(),
+        description="a fixed cluster; none: Kubernetes nodes, else the provider's nodes",
+    )
+    sync_s: float = Field(default=5.0, ge=0, description="re-list Kubernetes at most this often")
+
+
+class ServiceSection(_Section):
+    token: SecretStr | None = Field(default=None, description="bearer token for mutating calls")
+    token_file: Path | None = Field(default=None, description="file holding the token (Secret)")
+    max_body_bytes: int = Field(default=4 * 1024 * 1024, ge=1024)
+    bind_needs_token: bool = Field(
+        default=True,
+        description="kube-scheduler sends no bearer token: false lets /v1/extender/bind in"
+        " without one (put the service behind a NetworkPolicy then)",
+    )
+    plan_cache_s: float = Field(default=10.0, ge=0, description="reuse a plan this long")
+
+    def bearer_token(self) -> str | None:
+        """The configured token (the file wins), or None when mutating calls are off."""
+        if self.token_file is not None:
+            try:
+                text = self.token_file.read_text().strip()
+            except OSError as exc:
+                raise InputError(f"cannot read: {exc.strerror}", path=self.token_file) from None
+            return text or None
+        return self.token.get_secret_value() if self.token is not None else None
+
+
+class LiveConfig(FileSettings):
+    """Everything `gpuscale scale` and `gpuscale serve` need."""
+
+    state_dir: Path = Field(description="holds the telemetry store and the decision log")
+    reconcile_interval_s: float = Field(default=60.0, gt=0)
+    pools: tuple[NodePool, ...] = Field(min_length=1)
+    provider: ProviderSection = ProviderSection()
+    kubernetes: KubernetesSection | None = None
+    demand: DemandSection = DemandSection()
+    model: ModelSection = ModelSection()
+    policy: PlannerPolicy = PlannerPolicy()
+    lease: LeaseSection = LeaseSection()
+    placement: PlacementSection = PlacementSection()
+    service: ServiceSection = ServiceSection()
+
+    @model_validator(mode="after")
+    def _consistent(self) -> LiveConfig:
+        names = [p.name for p in self.pools]
+        if len(set(names)) != len(names):
+            raise ValueError("a pool name appears twice")
+        if self.provider.kind == "aws" and self.provider.aws is not None:
+            bound = {b.pool for b in self.provider.aws.bindings}
+            unbound = sorted(set(names) - bound)
+            if unbound:
+                raise ValueError(f"pools without an AWS binding: {', '.join(unbound)}")
+        if self.kubernetes is not None and self.kubernetes.pre_position:
+            # Placeholder pods are named after their pool: gpuscale-placeholder-<pool>-<i>.
+            bad = [n for n in names if not _PLACEHOLDER_POOL.match(n)]
+            if bad:
+                raise ValueError(
+                    f"pools {', '.join(bad)} cannot name placeholder pods (lower-case letters,"
+                    " digits and '-', at most 40): set kubernetes.pre_position false or rename"
+                )
+        sizes = self.provider.simulated.initial_sizes
+        unknown = sorted(set(sizes) - set(names))
+        if unknown:
+            raise ValueError(f"initial_sizes names unknown pools: {', '.join(unknown)}")
+        return self
+
+
+def load_live_config(path: Path) -> LiveConfig:
+    """Read and validate a config file; errors name the file, the line and the field."""
+    return load_model(LiveConfig, path)

@@ -1,0 +1,130 @@
+"""The reconcile loop's Prometheus metrics, in a registry of their own (no process globals).
+
+`gpuscale scale --metrics-port` serves them; the Grafana dashboard
+(deploy/grafana/gpuscale-dashboard.json) and the alert rules (deploy/prometheus/alerts.yaml)
+read them. Gauges hold what the last pass saw and decided; counters count passes and actions.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+from prometheus_client import CollectorRegistry, Counter, Gauge, start_http_server
+
+from scaler.controller.reconcile import PassOutcome
+
+
+class LoopMetrics:
+    def __init__(self) -> None:
+        self.registry = CollectorRegistry()
+        r = self.registry
+        self.passes = Counter(
+            "gpuscale_scaler_passes",
+            "Reconcile passes by result (ok, action_failed, failed: nothing could be read)",
+            ["result"],
+            registry=r,
+        )
+        self.actions = Counter(
+            "gpuscale_scaler_actions",
+            "Scale actions by kind and status (done, failed, blocked, superseded)",
+            ["action", "status"],
+            registry=r,
+        )
+        self.last_pass = Gauge(
+            "gpuscale_scaler_last_pass_timestamp_seconds",
+            "Unix time of the last pass that decided",
+            registry=r,
+        )
+        self.problems = Gauge(
+            "gpuscale_scaler_input_problems",
+            "Telemetry or forecast problems in the last pass (scale-downs are held while > 0)",
+            registry=r,
+        )
+        self.demand = Gauge(
+            "gpuscale_scaler_demand_gpus",
+            "Observed GPU demand of the last step, per demand group",
+            ["group"],
+            registry=r,
+        )
+        self.forecast = Gauge(
+            "gpuscale_scaler_forecast_gpus",
+            "Forecast GPU demand of the step being decided, per group and quantile",
+            ["group", "quantile"],
+            registry=r,
+        )
+        self.need = Gauge(
+            "gpuscale_scaler_needed_gpus",
+            "GPUs the planner wants requested at the lead time, per demand group",
+            ["group"],
+            registry=r,
+        )
+        self.nodes = Gauge(
+            "gpuscale_scaler_pool_nodes",
+            "Nodes per pool: current (provider target) and desired (after held scale-downs)",
+            ["pool", "kind"],
+            registry=r,
+        )
+        self.used = Gauge(
+            "gpuscale_scaler_pool_used_gpus",
+            "GPUs requested by real pods per pool",
+            ["pool"],
+            registry=r,
+        )
+        self.capacity = Gauge(
+            "gpuscale_scaler_pool_capacity_gpus",
+            "GPUs of the pool's current nodes",
+            ["pool"],
+            registry=r,
+        )
+        self.decision = Gauge(
+            "gpuscale_scaler_decision",
+            "The last decision per pool (value: desired - current), labelled with its reason",
+            ["pool", "action", "reason"],
+            registry=r,
+        )
+        self._decision_labels: dict[str, tuple[str, str, str]] = {}
+
+    def failed_pass(self) -> None:
+        self.passes.labels("failed").inc()
+
+    def observe(self, outcome: PassOutcome, gpus_per_node: dict[str, int]) -> None:
+        d = outcome.decision
+        self.passes.labels("action_failed" if outcome.errors else "ok").inc()
+        for action in outcome.actions:
+            self.actions.labels(action["action"], action["status"]).inc()
+        self.last_pass.set(d.at.timestamp())
+        self.problems.set(len(d.problems))
+        for o in d.outlook.outlooks:
+            self.demand.labels(o.group).set(o.observed)
+            if o.values.size:
+                for j, level in enumerate(o.levels):
+                    self.forecast.labels(o.group, f"{level:g}").set(float(o.values[0, j]))
+        for need in d.plan.needs:
+            self.need.labels(need.group).set(need.add_to)
+        for pool, target in d.fleet.targets.items():
+            self.nodes.labels(pool, "current").set(target)
+            self.nodes.labels(pool, "desired").set(d.desired.get(pool, target))
+            self.capacity.labels(pool).set(target * gpus_per_node.get(pool, 0))
+        for pool, used in d.fleet.used_gpus.items():
+            self.used.labels(pool).set(used)
+        for decision in d.plan.decisions:
+            reason = d.held.get(decision.pool, decision.reason)
+            labels = (decision.pool, decision.action, reason[:200])
+            # One series per pool: the previous reason's series goes away.
+            old = self._decision_labels.get(decision.pool)
+            if old is not None and old != labels:
+                self.decision.remove(*old)
+            self._decision_labels[decision.pool] = labels
+            self.decision.labels(*labels).set(d.desired.get(decision.pool, 0) - decision.current)
+
+    def serve(self, port: int, addr: str = "0.0.0.0") -> Callable[[], None]:  # nosec B104
+        """Serve /metrics over HTTP (all interfaces by default: Prometheus scrapes the pod
+        IP); returns the function that stops it."""
+        server, thread = start_http_server(port, addr=addr, registry=self.registry)
+
+        def stop() -> None:
+            server.shutdown()
+            server.server_close()
+            thread.join(timeout=5)
+
+        return stop

@@ -1,0 +1,104 @@
+"""The live system assembled from a `LiveConfig`: the cloud provider, the Kubernetes client,
+the telemetry store, the decision log and the forecaster. `gpuscale scale` and
+`gpuscale serve` both start from here, so they see the same cluster the same way."""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from datetime import UTC, datetime
+
+from kubernetes import client as k8s
+
+from predictor.telemetry.kubernetes import api_client
+from predictor.telemetry.store import TelemetryStore
+from scaler.controller.config import KubernetesSection, LiveConfig
+from scaler.controller.journal import DecisionLog
+from scaler.kube.timeouts import with_timeout
+from scaler.planning.demand import ForecastModel
+from scaler.providers.base import CloudProvider
+from scaler.providers.simulated import SimulatedCloud, SimulatedNodeGroup
+
+
+def kube_client(settings: KubernetesSection) -> k8s.ApiClient:
+    """A plain `host` (kubectl proxy) first, else a kubeconfig, else the service account;
+    every call bounded by `request_timeout_s`."""
+    if settings.host is not None:
+        api = k8s.ApiClient(k8s.Configuration(host=settings.host))
+    else:
+        api = api_client(settings)
+    return with_timeout(api, settings.request_timeout_s)
+
+
+def build_provider(config: LiveConfig) -> CloudProvider:
+    if config.provider.kind == "aws":
+        from scaler.providers.aws import AwsCloud
+
+        assert config.provider.aws is not None  # the config validator made sure
+        return AwsCloud(config.pools, config.provider.aws)
+    return WallClockCloud.start(config)
+
+
+@dataclass
+class WallClockCloud:
+    """The simulated cloud on wall-clock time: each refresh moves its clock to now, so
+    nodes boot in real time while the loop runs. Pools start at `initial_sizes` (or their
+    min size), already booted."""
+
+    cloud: SimulatedCloud
+    clock: Callable[[], float] = time.monotonic
+    _last: float = field(default=0.0)
+
+    @classmethod
+    def start(cls, config: LiveConfig) -> WallClockCloud:
+        sim = config.provider.simulated
+        cloud = SimulatedCloud(config.pools, sim, start=datetime.now(UTC).replace(tzinfo=None))
+        for group in cloud.node_groups():
+            size = sim.initial_sizes.get(group.id(), group.min_size())
+            if size:
+                group.increase_size(size)
+        cloud.advance(max((p.boot_seconds for p in config.pools), default=0.0) + 1.0)
+        made = cls(cloud)
+        made._last = made.clock()
+        return made
+
+    def name(self) -> str:
+        return self.cloud.name()
+
+    def node_groups(self) -> list[SimulatedNodeGroup]:
+        return self.cloud.node_groups()
+
+    def node_group_for(self, node_name: str) -> SimulatedNodeGroup | None:
+        return self.cloud.node_group_for(node_name)
+
+    def refresh(self) -> None:
+        now = self.clock()
+        self.cloud.advance(max(now - self._last, 0.0))
+        self._last = now
+
+
+@dataclass
+class LiveSystem:
+    config: LiveConfig
+    provider: CloudProvider
+    kube: k8s.ApiClient | None
+    store: TelemetryStore
+    log: DecisionLog
+    model: ForecastModel
+
+    @classmethod
+    def build(cls, config: LiveConfig) -> LiveSystem:
+        kube = kube_client(config.kubernetes) if config.kubernetes is not None else None
+        return cls(
+            config=config,
+            provider=build_provider(config),
+            kube=kube,
+            store=TelemetryStore(config.state_dir),
+            log=DecisionLog(config.state_dir),
+            model=ForecastModel.from_settings(config.model),
+        )
+
+    def close(self) -> None:
+        if self.kube is not None:
+            self.kube.close()

@@ -1,0 +1,361 @@
+"""The `scaling` benchmark (BENCHMARKS.md): every trace series replayed through all five
+policies at each boot lag, side by side, on the same forecasts.
+
+Forecasts: the model is fitted on the training window minus its last `calibration_days`;
+those days then warm up every policy (the predictive planner learns its safety margin from
+genuine out-of-sample errors there), and only the test window is scored. Nothing at or
+after a step is seen by a policy before that step is decided (the oracle excepted).
+
+The protocol's step is 10 minutes. `step_minutes` replays the same trace on finer steps
+(e.g. 1 minute, the resolution of the public traces) to measure how fast the policies run
+over it: the model still forecasts 10-minute steps, and a decision at minute t uses the
+forecasts made at the start of its 10-minute step, i.e. from data up to the last complete
+step before it (never newer data than the minute-level policy may see).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from datetime import datetime
+
+import numpy as np
+import pandas as pd
+
+from predictor.data.loaders import DemandTrace
+from predictor.data.series import regularize
+from predictor.foundation.errors import InputError
+from predictor.models.forecast import Forecaster
+from scaler.cluster.pools import NodePool
+from scaler.evaluation.replay import (
+    CesPolicy,
+    OraclePolicy,
+    PlannerPolicyRun,
+    ReplayOutcome,
+    ReplayPolicy,
+    ReplaySeries,
+    StaticPolicy,
+    horizon_mean_weights,
+    replay,
+    rolling_outlook,
+)
+from scaler.planning.planner import PlannerPolicy
+
+QUANTILES: tuple[float, ...] = (0.5, 0.9, 0.99)
+CES_FUTURE = 30
+# Horizons sampled for the CES rule's 30- and 60-step mean forecasts (interpolated between).
+CES_HORIZONS: tuple[int, ...] = (1, 2, 3, 4, 6, 9, 12, 18, 24, 30, 36, 42, 48, 54, 60)
+PHILLY_CES_BUFFER = 20
+CES_BUFFER_SHARE = 0.06
+
+
+@dataclass(frozen=True)
+class BenchSettings:
+    lags: tuple[int, ...] = (0, 1)
+    gpus_per_node: int | None = None  # a generic series counts GPUs when set
+    calibration_days: float = 7.0
+    policy: PlannerPolicy = field(default_factory=PlannerPolicy)
+    step_minutes: int | None = None  # replay step; None: the protocol's (the model's) step
+
+
+def units_per_node(trace: DemandTrace, gpus_per_node: int | None) -> int:
+    """How many demand units one node holds: Helios counts GPUs on 8-GPU nodes; a generic
+    series counts nodes unless told it counts GPUs."""
+    if trace.kind == "helios-vc":
+        return 8
+    if trace.kind == "series" and gpus_per_node:
+        return gpus_per_node
+    return 1
+
+
+@dataclass(frozen=True)
+class PreparedSeries:
+    """One series ready to replay: demand in nodes, the raw units the planner reads, and the
+    forecasts every policy that needs one shares."""
+
+    series: ReplaySeries
+    units: np.ndarray  # demand in the trace's unit (GPUs or nodes)
+    per_node: int
+    outlook: np.ndarray  # [t, k-1, j]: QUANTILES[j] of demand at step t-1+k, decided at t
+    ces_future: tuple[np.ndarray, np.ndarray]  # [t]: CesPolicy's future_mean, future_mean2
+    ces_buffer: int
+    at: list[datetime]
+    step: pd.Timedelta
+
+
+@dataclass(frozen=True)
+class PreparedTrace:
+    series: list[PreparedSeries]
+    fit_seconds: float
+    forecast_seconds: float
+
+
+def prepare_trace(
+    trace: DemandTrace,
+    make_forecaster: Callable[[], Forecaster],
+    settings: BenchSettings,
+) -> PreparedTrace:
+    """Fit the model on training minus the calibration days and forecast every series."""
+    stepped = trace.resampled()
+    frame = regularize(stepped.frame, fill="ffill").drop(columns="filled")
+    step = pd.Timedelta(frame["ds"].diff().dropna().min())
+    per_node = units_per_node(trace, settings.gpus_per_node)
+    calibration = round(pd.Timedelta(days=settings.calibration_days) / step)
+    fine = _fine_frames(trace, step, settings.step_minutes)
+
+    layouts = {}
+    for uid, group in frame.groupby("unique_id", sort=True):
+        ds = group["ds"].to_numpy()
+        start = int(np.searchsorted(ds, np.datetime64(stepped.test_start)))
+        end = int(np.searchsorted(ds, np.datetime64(stepped.test_end), side="right"))
+        if start >= end or start < 2:
+            continue
+        warmup = max(start - min(calibration, start // 2), 1)
+        layouts[str(uid)] = (group.reset_index(drop=True), ds, warmup, start, end)
+    if not layouts:
+        return PreparedTrace([], 0.0, 0.0)
+
+    fit_until = min(ds[warmup] for _, ds, warmup, _, _ in layouts.values())
+    began = time.perf_counter()
+    forecaster = make_forecaster().fit(frame[frame["ds"] < fit_until])
+    fit_seconds = time.perf_counter() - began
+
+    rows = max(settings.lags) + 1
+    horizons = tuple(sorted({*range(1, rows + 1), *CES_HORIZONS}))
+    prepared = []
+    forecast_seconds = 0.0
+    for uid, (group, ds, warmup, start, end) in layouts.items():
+        began = time.perf_counter()
+        outlook = rolling_outlook(forecaster, group, ds, warmup, horizons, QUANTILES)
+        forecast_seconds += time.perf_counter() - began
+        median = outlook[:, :, QUANTILES.index(0.5)]
+        ces_future = (
+            median @ horizon_mean_weights(horizons, CES_FUTURE),
+            median @ horizon_mean_weights(horizons, 2 * CES_FUTURE),
+        )
+        replay_step = step
+        if fine is not None:
+            group, outlook, ces_future, (warmup, start, end) = _on_fine_steps(
+                fine, uid, ds, step, outlook[:, :rows, :], ces_future, warmup
+            )
+            ds, replay_step = group["ds"].to_numpy(), fine.step
+        units = group["y"].to_numpy(dtype=float)
+        demand = np.ceil(units / per_node - 1e-9)
+        capacity = (
+            np.ceil(group["capacity"].to_numpy(dtype=float) / per_node - 1e-9)
+            if "capacity" in group
+            else None
+        )
+        static = capacity if capacity is not None else np.full(demand.size, demand[:start].max())
+        prepared.append(
+            PreparedSeries(
+                series=ReplaySeries(
+                    trace=trace.label,
+                    series=uid,
+                    ds=ds,
+                    demand=demand,
+                    static=static,
+                    bound=capacity if trace.kind == "philly" else None,
+                    warmup=warmup,
+                    start=start,
+                    end=end,
+                    step=replay_step,
+                ),
+                units=units,
+                per_node=per_node,
+                outlook=outlook[:, :rows, :],
+                ces_future=(ces_future[0] / per_node, ces_future[1] / per_node),
+                ces_buffer=(
+                    PHILLY_CES_BUFFER
+                    if trace.kind == "philly"
+                    else max(1, math.ceil(CES_BUFFER_SHARE * demand[:start].mean()))
+                ),
+                at=list(pd.DatetimeIndex(ds).to_pydatetime()),
+                step=replay_step,
+            )
+        )
+    return PreparedTrace(prepared, fit_seconds, forecast_seconds)
+
+
+@dataclass(frozen=True)
+class FineFrames:
+    """The trace on the finer replay steps, with its test window on those steps."""
+
+    frame: pd.DataFrame
+    step: pd.Timedelta
+    test_start: pd.Timestamp
+    test_end: pd.Timestamp
+
+
+def _fine_frames(
+    trace: DemandTrace, step: pd.Timedelta, step_minutes: int | None
+) -> FineFrames | None:
+    """The trace on `step_minutes` steps, or None to replay on the model's own step."""
+    if step_minutes is None:
+        return None
+    fine = pd.Timedelta(minutes=step_minutes)
+    if fine > step or step % fine:
+        raise InputError(
+            f"replay step {step_minutes} min must divide the {step.total_seconds() / 60:g}-min "
+            "step the model forecasts"
+        )
+    if fine == step:
+        return None
+    stepped = trace.resampled(fine)
+    frame = regularize(stepped.frame, fine, fill="ffill").drop(columns="filled")
+    return FineFrames(frame, fine, stepped.test_start, stepped.test_end)
+
+
+def _on_fine_steps(
+    fine: FineFrames,
+    uid: str,
+    ds: np.ndarray,
+    step: pd.Timedelta,
+    outlook: np.ndarray,
+    ces_future: tuple[np.ndarray, np.ndarray],
+    warmup: int,
+) -> tuple[pd.DataFrame, np.ndarray, tuple[np.ndarray, np.ndarray], tuple[int, int, int]]:
+    """Move one series' forecasts from model steps onto the fine replay steps.
+
+    A decision at fine step t sees data up to t-1; the newest model forecast it may use was
+    made at the start of t's model step b(t) from the steps before it. Row k-1 (demand at
+    t-1+k) takes that forecast's row for the model step holding t-1+k: a forecast of a
+    model step's peak minute bounds each of its minutes.
+    """
+    group = fine.frame[fine.frame["unique_id"] == uid].reset_index(drop=True)
+    fine_ds = group["ds"].to_numpy()
+    block = ((fine_ds - ds[0]) // step.to_timedelta64()).astype(np.int64)
+    block = np.clip(block, 0, ds.size - 1)
+    n, rows = fine_ds.size, outlook.shape[1]
+    t = np.arange(n)
+    fine_outlook = np.empty((n, rows, outlook.shape[2]))
+    for k in range(1, rows + 1):
+        ahead = block[np.minimum(t - 1 + k, n - 1)] - block
+        fine_outlook[:, k - 1, :] = outlook[block, np.minimum(ahead, rows - 1), :]
+    mapped = (ces_future[0][block], ces_future[1][block])
+    fine_warmup = max(int(np.searchsorted(fine_ds, ds[warmup])), 1)
+    start = int(np.searchsorted(fine_ds, np.datetime64(fine.test_start)))
+    end = int(np.searchsorted(fine_ds, np.datetime64(fine.test_end), side="right"))
+    return group, fine_outlook, mapped, (fine_warmup, start, end)
+
+
+def trace_pool(prepared: PreparedSeries, lag: int) -> NodePool:
+    """The replay's single pool: nodes of `per_node` units that boot in `lag` steps."""
+    return NodePool(
+        name=prepared.series.series,
+        gpu_model="any",
+        gpus_per_node=prepared.per_node,
+        price_per_hour=1.0,
+        boot_seconds=lag * prepared.step.total_seconds(),
+        max_size=10**9,
+    )
+
+
+def planner_run(prepared: PreparedSeries, lag: int, policy: PlannerPolicy) -> ReplayOutcome:
+    """Our planner (`predictive` row, or any knob setting of it) over one series."""
+    step_seconds = prepared.step.total_seconds()
+    return replay(
+        prepared.series,
+        PlannerPolicyRun(
+            "predictive",
+            policy.model_copy(update={"step_seconds": step_seconds}),
+            trace_pool(prepared, lag),
+            prepared.units,
+            prepared.at,
+            QUANTILES,
+            prepared.outlook[:, : lag + 1, :],
+        ),
+        lag,
+    )
+
+
+def baseline_runs(prepared: PreparedSeries, lag: int) -> list[ReplayOutcome]:
+    """`static`, `reactive`, `ces` and `oracle` over one series."""
+    s = prepared.series
+    step_seconds = prepared.step.total_seconds()
+    # The capacity the cluster really had was there all along, never booting.
+    static = dataclasses.replace(replay(s, StaticPolicy(s.static), 0), lag=lag)
+    policies: Sequence[ReplayPolicy] = (
+        PlannerPolicyRun(
+            "reactive",
+            PlannerPolicy(
+                mode="reactive",
+                step_seconds=step_seconds,
+                unneeded_steps=max(1, math.ceil(600 / step_seconds)),
+            ),
+            trace_pool(prepared, lag),
+            prepared.units,
+            prepared.at,
+        ),
+        CesPolicy(
+            s.demand,
+            future_mean=prepared.ces_future[0],
+            future_mean2=prepared.ces_future[1],
+            buffer=prepared.ces_buffer,
+        ),
+        OraclePolicy(s.demand, lag),
+    )
+    return [static, *(replay(s, policy, lag) for policy in policies)]
+
+
+def bench_trace(
+    trace: DemandTrace,
+    make_forecaster: Callable[[], Forecaster],
+    settings: BenchSettings,
+) -> tuple[PreparedTrace, list[ReplayOutcome]]:
+    """Replay every series of one trace under every policy and lag."""
+    prepared = prepare_trace(trace, make_forecaster, settings)
+    outcomes = []
+    for item in prepared.series:
+        for lag in settings.lags:
+            outcomes += baseline_runs(item, lag)
+            outcomes.append(planner_run(item, lag, settings.policy))
+    return prepared, outcomes
+
+
+def summarize(rows: Sequence[dict[str, object]]) -> list[dict[str, object]]:
+    """Per series and lag, how `predictive` stands against the baselines: shortage against
+    `reactive`, and the share of the provisioning distance between the best baseline and
+    `oracle` it closes. The best baseline is the cheapest one whose shortage is no more than
+    ours (a baseline that is cheaper only by leaving demand unserved is no bar to beat);
+    when every baseline lacks more than ours, the one that lacks least."""
+    out = []
+    keys = sorted({(r["trace"], r["series"], r["lag_steps"]) for r in rows})
+    for key in keys:
+        group = {r["policy"]: r for r in rows if (r["trace"], r["series"], r["lag_steps"]) == key}
+        if not {"predictive", "oracle", "reactive"} <= group.keys():
+            continue
+        ours, oracle = group["predictive"], group["oracle"]
+        baselines = [group[p] for p in ("static", "reactive", "ces") if p in group]
+        comparable = [
+            b for b in baselines if b["shortage_node_steps"] <= ours["shortage_node_steps"]
+        ]
+        best = (
+            min(comparable, key=lambda b: b["provisioning_ratio"])
+            if comparable
+            else min(baselines, key=lambda b: (b["shortage_node_steps"], b["provisioning_ratio"]))
+        )
+        distance = best["provisioning_ratio"] - oracle["provisioning_ratio"]
+        closed = (
+            (best["provisioning_ratio"] - ours["provisioning_ratio"]) / distance
+            if distance > 1e-12
+            else math.nan
+        )
+        out.append(
+            {
+                "trace": key[0],
+                "series": key[1],
+                "lag_steps": key[2],
+                "best_baseline": best["policy"],
+                "best_ratio": best["provisioning_ratio"],
+                "oracle_ratio": oracle["provisioning_ratio"],
+                "predictive_ratio": ours["provisioning_ratio"],
+                "gap_closed": closed,
+                "shortage_vs_reactive": ours["shortage_node_steps"]
+                - group["reactive"]["shortage_node_steps"],
+            }
+        )
+    return out

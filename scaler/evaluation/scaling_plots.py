@@ -1,0 +1,155 @@
+"""Pictures of the scaler at work (PNG, matplotlib): fleet against demand with the shortage
+under it, the cost/shortage frontier of the service-level knob next to the baselines, and
+the job-level comparison. Each function writes one file and returns its path."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+from types import ModuleType
+
+import numpy as np
+import pandas as pd
+
+from predictor.foundation.atomic_files import write_file
+from scaler.evaluation.job_simulator import WorkloadComparison
+from scaler.evaluation.replay import ReplayOutcome
+
+COLORS = {
+    "demand": "#222222",
+    "static": "#999999",
+    "reactive": "#d62728",
+    "ces": "#ff7f0e",
+    "oracle": "#2ca02c",
+    "predictive": "#1f77b4",
+}
+
+
+def _pyplot() -> ModuleType:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    return plt
+
+
+def fleet_plot(outcomes: Sequence[ReplayOutcome], path: Path) -> Path:
+    """Fleet of each policy against demand (top) and the shortage of each (bottom)."""
+    plt = _pyplot()
+    first = outcomes[0].series
+    ds = pd.DatetimeIndex(first.ds[first.start : first.end])
+    fig, (top, bottom) = plt.subplots(
+        2, 1, figsize=(12, 6), sharex=True, height_ratios=(3, 1), layout="constrained"
+    )
+    top.plot(
+        ds, first.demand[first.start : first.end], color=COLORS["demand"], lw=1.2, label="demand"
+    )
+    for out in outcomes:
+        if out.policy == "oracle":
+            continue
+        color = COLORS.get(out.policy)
+        top.step(ds, out.paid, where="post", lw=0.9, color=color, label=f"{out.policy} fleet")
+        if out.shortage.any():
+            bottom.step(ds, out.shortage, where="post", lw=0.9, color=color, label=out.policy)
+    top.set_ylabel("nodes")
+    top.set_title(f"{first.trace} {first.series}: fleet against demand (L = {outcomes[0].lag})")
+    top.legend(loc="upper left", ncol=3, fontsize=8)
+    bottom.set_ylabel("nodes short")
+    bottom.legend(loc="upper left", ncol=4, fontsize=8)
+    return _save(plt, fig, path, 120)
+
+
+def frontier_plot(
+    knob: Mapping[float, ReplayOutcome], baselines: Sequence[ReplayOutcome], path: Path
+) -> Path:
+    """Provisioning ratio against shortage node-steps: one point per setting of the
+    service-level knob (a line), the baselines as labelled points."""
+    plt = _pyplot()
+    fig, ax = plt.subplots(figsize=(7, 5), layout="constrained")
+    levels = sorted(knob)
+    xs = [knob[k].shortage.sum() for k in levels]
+    ys = [knob[k].row()["provisioning_ratio"] for k in levels]
+    ax.plot(xs, ys, "o-", color=COLORS["predictive"], label="predictive (target shortage)")
+    for k, x, y in zip(levels, xs, ys, strict=True):
+        ax.annotate(f"{k:g}", (x, y), textcoords="offset points", xytext=(4, 4), fontsize=8)
+    for out in baselines:
+        row = out.row()
+        ax.plot(
+            row["shortage_node_steps"], row["provisioning_ratio"], "s", color=COLORS.get(out.policy)
+        )
+        ax.annotate(
+            out.policy,
+            (row["shortage_node_steps"], row["provisioning_ratio"]),
+            textcoords="offset points",
+            xytext=(4, -10),
+            fontsize=9,
+        )
+    ax.set_xscale("symlog", linthresh=10)
+    ax.set_xlabel("shortage (node-steps)")
+    ax.set_ylabel("provisioning ratio (paid / demand)")
+    first = baselines[0] if baselines else next(iter(knob.values()))
+    ax.set_title(f"{first.series.series}: cost against shortage (L = {first.lag})")
+    ax.grid(alpha=0.3)
+    ax.legend(fontsize=8)
+    return _save(plt, fig, path, 120)
+
+
+def jobs_plot(comparison: WorkloadComparison, path: Path) -> Path:
+    """Per pool: nodes paid by each mode against the GPUs demanded (running + waiting),
+    and the distribution of job waits."""
+    plt = _pyplot()
+    fleets = {
+        "reactive": comparison.reactive.fleet,
+        "predictive": comparison.predictive.fleet,
+    }
+    pools = sorted(fleets["reactive"]["pool"].unique())
+    fig, axes = plt.subplots(
+        len(pools) + 1, 1, figsize=(12, 3 * (len(pools) + 1)), layout="constrained"
+    )
+    start = comparison.start
+    for ax, pool in zip(axes, pools, strict=False):
+        for mode, frame in fleets.items():
+            mine = frame[(frame["pool"] == pool) & (frame["ds"] >= start)]
+            ax.step(
+                mine["ds"],
+                mine["nodes"],
+                where="post",
+                lw=0.9,
+                color=COLORS[mode],
+                label=f"{mode} nodes",
+            )
+        demand = fleets["reactive"]
+        demand = demand[(demand["pool"] == pool) & (demand["ds"] >= start)]
+        ax.plot(
+            demand["ds"],
+            demand["demand_gpus"] / _gpn(comparison, pool),
+            color=COLORS["demand"],
+            lw=0.7,
+            alpha=0.7,
+            label="demand (nodes' worth of GPUs, reactive run)",
+        )
+        ax.set_ylabel(f"{pool}: nodes")
+        ax.legend(loc="upper left", fontsize=8, ncol=3)
+    waits = axes[-1]
+    for mode, result in (("reactive", comparison.reactive), ("predictive", comparison.predictive)):
+        values = np.sort(result.waits)
+        if values.size:
+            share = np.arange(1, values.size + 1) / values.size
+            waits.step(values, share, where="post", color=COLORS[mode], label=f"{mode}")
+    waits.set_xscale("symlog", linthresh=1)
+    waits.set_xlabel("wait for capacity (minutes)")
+    waits.set_ylabel("share of jobs")
+    waits.legend(fontsize=8)
+    return _save(plt, fig, path, 110)
+
+
+def _gpn(comparison: WorkloadComparison, pool: str) -> int:
+    return comparison.gpus_per_node[pool]
+
+
+def _save(plt: ModuleType, fig: object, path: Path, dpi: int) -> Path:
+    try:
+        return write_file(path, lambda temp: fig.savefig(temp, dpi=dpi, format="png"))
+    finally:
+        plt.close(fig)

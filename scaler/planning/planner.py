@@ -1,0 +1,663 @@
+"""The capacity planner: how many nodes of each pool the cluster should have right now.
+
+One pure function, `plan`, serves the live reconcile loop, the trace replay and the
+simulator alike. It takes the demand outlook (forecast quantiles over the coming steps, in
+GPUs, per demand group), the fleet (ready and booting nodes per pool, and how many ready
+nodes could go now), the pools' economics and the policy, plus the planner's own memory
+from the previous call; it returns the desired size of every pool, the reason and inputs of
+each decision, and the memory for the next call. Nothing here reads a clock or a file.
+
+Timing (one step = `policy.step_seconds`): at the start of step t the planner has seen
+demand up to step t-1. Row k-1 of an outlook forecasts step t-1+k, so row 0 is the step
+being decided. A node requested now serves from step t+L (L = the pool's boot time in
+steps) and is paid from now; a removed node stops at once. So:
+
+- nodes are added to cover the upper bound of demand at step t+L (the lead time), and
+- nodes are kept while the upper bound over steps t..t+L needs them (a node removed now
+  could not be back before t+L); beyond that, keeping a node only costs.
+
+The upper bound is a forecast quantile plus a conformal safety margin learned from the
+forecast's recent errors (`margin.ConformalMargin`), aimed at the share of short steps the
+service-level knob `target_shortage` allows. Nodes already booting count as capacity on
+the way, so the planner never launches twice for one need.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field, replace
+from datetime import datetime, time
+from typing import Literal
+
+import numpy as np
+from pydantic import BaseModel, ConfigDict, Field, model_validator
+
+from scaler.cluster.pools import NodePool
+from scaler.planning.margin import ConformalMargin
+
+Mode = Literal["static", "reactive", "predictive", "hybrid"]
+Objective = Literal["cost", "energy"]
+# The finest GPU share a job can ask (gpu-milli); a bound below it is a forecast's rounding
+# residue (a quantile of 0.0008 GPUs less a margin), not demand worth a node.
+GPU_SHARE = 1e-3
+
+
+class ScheduledSize(BaseModel):
+    """From `start` (time of day) on, until the next entry, pool `pool` has `size` nodes."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    start: time
+    pool: str
+    size: int = Field(ge=0)
+
+
+class PlannerPolicy(BaseModel):
+    """How the planner decides; every field has a safe default."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    mode: Mode = "predictive"
+    step_seconds: float = Field(default=600.0, gt=0)
+    target_shortage: float = Field(
+        default=0.003,
+        gt=0,
+        lt=1,
+        description="share of steps allowed to lack capacity: lower costs more, waits less",
+    )
+    base_quantile: float = Field(
+        default=0.99, gt=0.5, lt=1, description="forecast quantile the margin is added to"
+    )
+    median_quantile: float = Field(default=0.5, gt=0, lt=1)
+    min_spread: float = Field(
+        default=1.0, gt=0, description="floor of a forecast's spread (GPUs), against zeros"
+    )
+    calibration_window: int = Field(default=4032, ge=10, description="scores kept (steps)")
+    min_scores: int = Field(default=30, ge=1)
+    adapt_rate: float = Field(
+        default=0.0, ge=0, description="ACI step size moving alpha toward the target"
+    )
+    objective: Objective = "cost"
+    # Hysteresis and cooldowns.
+    scale_down_enabled: bool = Field(
+        default=True, description="off: only ever add (a reactive floor under another plan)"
+    )
+    scale_down_delay_steps: int = Field(
+        default=0, ge=0, description="steps a surplus must last before nodes go"
+    )
+    scale_down_cooldown_steps: int = Field(
+        default=0, ge=0, description="no scale-down within this many steps of a scale-up"
+    )
+    min_scale_down_nodes: int = Field(default=1, ge=1)
+    drop_guard: float = Field(
+        default=0.03,
+        ge=0,
+        description="a fall of demand by more than this share in one step is held as a dip",
+    )
+    drop_guard_min: float = Field(default=8.0, ge=0, description="smallest fall (GPUs) held")
+    drop_hold_steps: int = Field(default=3, ge=0)
+    # Reactive mode: Cluster Autoscaler's scale-down-unneeded-time, in steps.
+    unneeded_steps: int = Field(default=1, ge=0)
+    # Spot: after an interruption, prefer other pools for new nodes for this many steps.
+    spot_backoff_steps: int = Field(default=6, ge=0)
+    # Static mode: fixed sizes, optionally overridden by a daily schedule.
+    static_sizes: dict[str, int] = Field(default_factory=dict)
+    schedule: tuple[ScheduledSize, ...] = ()
+
+    @model_validator(mode="after")
+    def _quantiles(self) -> PlannerPolicy:
+        if self.median_quantile >= self.base_quantile:
+            raise ValueError("median_quantile must lie below base_quantile")
+        return self
+
+
+@dataclass(frozen=True, slots=True)
+class DemandOutlook:
+    """What is known and forecast about one demand group.
+
+    `values[k-1, j]` is the forecast quantile `levels[j]` of demand at the k-th step after
+    the last observation (row 0 = the step being decided); `observed` is the demand of the
+    last step (GPUs). `gpu_models` limits which pools may serve it (None: any).
+    """
+
+    group: str
+    observed: float
+    levels: tuple[float, ...] = ()
+    values: np.ndarray = field(default_factory=lambda: np.empty((0, 0)))
+    gpu_models: frozenset[str] | None = None
+
+    def quantile(self, level: float) -> np.ndarray:
+        """Forecast of `level` over every row (exact level, as the planner asks for)."""
+        try:
+            return self.values[:, self.levels.index(level)]
+        except ValueError:
+            raise KeyError(f"outlook of {self.group!r} has no quantile {level}") from None
+
+
+@dataclass(frozen=True, slots=True)
+class PoolFleet:
+    """A pool's nodes at decision time. `removable`: ready nodes that are idle or drainable
+    now (the only ready nodes the planner may remove); `lost`: nodes that vanished since the
+    previous decision (spot interruptions, failed launches)."""
+
+    pool: str
+    ready: int
+    booting: int = 0
+    removable: int | None = None
+    lost: int = 0
+
+    @property
+    def total(self) -> int:
+        return self.ready + self.booting
+
+    @property
+    def can_remove(self) -> int:
+        ready = self.ready if self.removable is None else min(self.removable, self.ready)
+        return ready + self.booting
+
+
+@dataclass(frozen=True, slots=True)
+class FleetState:
+    at: datetime
+    pools: tuple[PoolFleet, ...]
+
+    def by_pool(self) -> dict[str, PoolFleet]:
+        return {p.pool: p for p in self.pools}
+
+
+@dataclass(frozen=True, slots=True)
+class GroupMemory:
+    """What the planner remembers of one demand group between calls."""
+
+    recent: tuple[float, ...] = ()  # last observations, newest last
+    # Forecasts made at previous calls, newest first: (base quantile, spread) per row, and
+    # the level a hold after a sudden fall kept then (0 when none).
+    issued: tuple[tuple[np.ndarray, np.ndarray, float], ...] = ()
+    margins: tuple[ConformalMargin, ...] = ()  # one per horizon row
+    last_keep: float = 0.0
+    last_upper: float = math.nan  # the bound the last call set for the step it decided
+    hold_level: float = 0.0
+    hold_until: int = -1
+
+
+@dataclass(frozen=True, slots=True)
+class PlannerMemory:
+    step: int = 0
+    groups: Mapping[str, GroupMemory] = field(default_factory=dict)
+    surplus_since: Mapping[str, int] = field(default_factory=dict)  # pool -> step
+    last_scale_up: Mapping[str, int] = field(default_factory=dict)  # pool -> step
+    spot_backoff_until: Mapping[str, int] = field(default_factory=dict)
+
+
+@dataclass(frozen=True, slots=True)
+class GroupNeed:
+    """The capacity one demand group needs (GPUs): `add_to` is what nodes requested now must
+    reach at the lead time; `keep` is what must not be removed."""
+
+    group: str
+    add_to: float
+    keep: float
+    reason: str
+    inputs: Mapping[str, float]
+
+
+@dataclass(frozen=True, slots=True)
+class PoolDecision:
+    pool: str
+    current: int
+    desired: int
+    action: Literal["scale_up", "scale_down", "hold"]
+    reason: str
+    inputs: Mapping[str, float | int | str]
+
+    @property
+    def delta(self) -> int:
+        return self.desired - self.current
+
+
+@dataclass(frozen=True, slots=True)
+class CapacityPlan:
+    at: datetime
+    mode: Mode
+    desired: Mapping[str, int]
+    decisions: tuple[PoolDecision, ...]
+    needs: tuple[GroupNeed, ...]
+    memory: PlannerMemory
+
+    def to_dict(self) -> dict[str, object]:
+        """JSON-ready form (what `gpuscale plan --json` prints and the loop records)."""
+        return {
+            "at": self.at.isoformat(),
+            "mode": self.mode,
+            "desired": dict(self.desired),
+            "decisions": [
+                {
+                    "pool": d.pool,
+                    "current": d.current,
+                    "desired": d.desired,
+                    "delta": d.delta,
+                    "action": d.action,
+                    "reason": d.reason,
+                    "inputs": dict(d.inputs),
+                }
+                for d in self.decisions
+            ],
+            "needs": [
+                {
+                    "group": n.group,
+                    "add_to": n.add_to,
+                    "keep": n.keep,
+                    "reason": n.reason,
+                    "inputs": dict(n.inputs),
+                }
+                for n in self.needs
+            ],
+        }
+
+
+def plan(
+    outlooks: Sequence[DemandOutlook],
+    fleet: FleetState,
+    pools: Sequence[NodePool],
+    policy: PlannerPolicy,
+    memory: PlannerMemory | None = None,
+) -> CapacityPlan:
+    """Decide the desired size of every pool (see the module docstring)."""
+    memory = memory or PlannerMemory()
+    step = memory.step
+    current = fleet.by_pool()
+    lead = {p.name: p.boot_steps(policy.step_seconds) for p in pools}
+    group_memory = dict(memory.groups)
+    needs: list[GroupNeed] = []
+    if policy.mode != "static":
+        for outlook in outlooks:
+            old = group_memory.get(outlook.group, GroupMemory())
+            allowed = [p for p in pools if _serves(p, outlook)]
+            group_lead = max((lead[p.name] for p in allowed), default=0)
+            need, group_memory[outlook.group] = _group_need(outlook, old, policy, group_lead, step)
+            needs.append(need)
+
+    backoff = dict(memory.spot_backoff_until)
+    for pool in pools:
+        if pool.is_spot and current.get(pool.name, PoolFleet(pool.name, 0)).lost:
+            backoff[pool.name] = step + policy.spot_backoff_steps
+
+    if policy.mode == "static":
+        desired, decisions = _static(fleet, pools, policy, current)
+        surplus_since: dict[str, int] = {}
+        last_up = dict(memory.last_scale_up)
+    else:
+        desired, decisions, surplus_since, last_up = _size_pools(
+            needs, outlooks, pools, current, policy, memory, backoff, step
+        )
+    new_memory = PlannerMemory(
+        step=step + 1,
+        groups=group_memory,
+        surplus_since=surplus_since,
+        last_scale_up=last_up,
+        spot_backoff_until={k: v for k, v in backoff.items() if v > step},
+    )
+    return CapacityPlan(
+        at=fleet.at,
+        mode=policy.mode,
+        desired=desired,
+        decisions=tuple(decisions),
+        needs=tuple(needs),
+        memory=new_memory,
+    )
+
+
+# --------------------------------------------------------------------------- demand side
+
+
+def _group_need(
+    outlook: DemandOutlook,
+    old: GroupMemory,
+    policy: PlannerPolicy,
+    lead: int,
+    step: int,
+) -> tuple[GroupNeed, GroupMemory]:
+    observed = float(outlook.observed)
+    window = max(policy.unneeded_steps, 2)
+    recent = (*old.recent, observed)[-window:]
+    if policy.mode == "reactive":
+        # Cluster Autoscaler: add what was seen unmet; a node goes only once it has been
+        # unneeded for the whole unneeded time.
+        keep = max(recent[-max(policy.unneeded_steps, 1) :])
+        need = GroupNeed(
+            outlook.group,
+            add_to=observed,
+            keep=keep,
+            reason=f"reactive: demand seen {observed:g}, peak over unneeded time {keep:g}",
+            inputs={"observed": observed, "unneeded_peak": keep},
+        )
+        return need, replace(old, recent=recent)
+
+    rows = min(lead + 1, outlook.values.shape[0])
+    if rows == 0:
+        raise ValueError(f"outlook of {outlook.group!r} has no forecast rows")
+    base = outlook.quantile(policy.base_quantile)[:rows].astype(float)
+    median = outlook.quantile(policy.median_quantile)[:rows].astype(float)
+    spread = np.maximum(base - median, policy.min_spread)
+
+    # Score the observation against every forecast issued for it, per horizon row.
+    margins = list(old.margins) or [
+        ConformalMargin(
+            target=policy.target_shortage,
+            window=policy.calibration_window,
+            min_scores=policy.min_scores,
+            step_size=policy.adapt_rate,
+        )
+        for _ in range(rows)
+    ]
+    margins.extend(margins[-1] for _ in range(rows - len(margins)))
+    for k, (issued_base, issued_spread, *was_held) in enumerate(old.issued[:rows]):
+        # A memory the live loop saved before holds were recorded has no held level.
+        held = was_held[0] if was_held else 0.0
+        if k < issued_base.size:
+            margins[k] = margins[k].observe(
+                observed, issued_base[k], issued_spread[k], covered=observed <= held
+            )
+    upper = np.array([margins[k].bound(base[k], spread[k]) for k in range(rows)])
+    upper = np.where(upper < GPU_SHARE, 0.0, upper)
+
+    add_to = float(upper[rows - 1])
+    keep = float(upper.max())
+    reason = f"forecast upper bound {add_to:.1f} at lead {rows - 1}"
+    inputs: dict[str, float] = {
+        "observed": observed,
+        "q_base_at_lead": float(base[rows - 1]),
+        "margin_at_lead": float(upper[rows - 1] - base[rows - 1]),
+        "upper_at_lead": add_to,
+        "keep_upper": keep,
+    }
+
+    if policy.mode == "hybrid" and not math.isnan(old.last_upper) and observed > old.last_upper:
+        # Demand outran the bound set for it: correct reactively by the overshoot, at once.
+        overshoot = observed - old.last_upper
+        add_to = max(add_to, observed + overshoot)
+        keep = max(keep, add_to)
+        reason += f"; demand {observed:g} outran its bound by {overshoot:.1f}"
+        inputs["overshoot"] = overshoot
+
+    hold_level, hold_until = old.hold_level, old.hold_until
+    previous = old.recent[-1] if old.recent else observed
+    fall = previous - observed
+    if policy.drop_hold_steps and fall > max(policy.drop_guard * previous, policy.drop_guard_min):
+        # A sudden fall is often a blip (a telemetry gap, a requeue) that comes straight
+        # back; removing nodes on it would leave the rebound short.
+        hold_level, hold_until = old.last_keep, step + policy.drop_hold_steps
+    if step < hold_until and keep < hold_level:
+        keep = hold_level
+        reason += f"; holding {hold_level:.1f} after a sudden fall"
+        inputs["hold_level"] = hold_level
+
+    held = hold_level if step < hold_until else 0.0
+    new = GroupMemory(
+        recent=recent,
+        issued=((base, spread, held), *old.issued)[:rows],
+        margins=tuple(margins),
+        last_keep=keep,
+        last_upper=float(upper[0]),
+        hold_level=hold_level,
+        hold_until=hold_until,
+    )
+    return GroupNeed(outlook.group, add_to, keep, reason, inputs), new
+
+
+# --------------------------------------------------------------------------- supply side
+
+
+def _serves(pool: NodePool, outlook: DemandOutlook) -> bool:
+    return outlook.gpu_models is None or pool.gpu_model in outlook.gpu_models
+
+
+def _unit_cost(pool: NodePool, objective: Objective) -> float:
+    return pool.watts_per_gpu() if objective == "energy" else pool.price_per_gpu_hour()
+
+
+def _unmet(
+    counts: Mapping[str, int],
+    needs: Sequence[float],
+    outlooks: Sequence[DemandOutlook],
+    pools: Sequence[NodePool],
+) -> list[float]:
+    """GPUs each group lacks when the pools have `counts` nodes. Groups are served tightest
+    first (fewest pools allowed), each from the least contested pools first: exact when
+    allowed sets nest (any model vs one model), a close greedy otherwise."""
+    if len(outlooks) == 1 and len(pools) == 1:  # the common case, and the replay's
+        (pool,) = pools
+        free = counts.get(pool.name, 0) * pool.gpus_per_node if _serves(pool, outlooks[0]) else 0
+        return [max(needs[0] - free, 0.0)]
+    free = {p.name: counts.get(p.name, 0) * p.gpus_per_node for p in pools}
+    allowed = [[p.name for p in pools if _serves(p, o)] for o in outlooks]
+    contest = {p.name: sum(p.name in a for a in allowed) for p in pools}
+    lack = [0.0] * len(outlooks)
+    for g in sorted(range(len(outlooks)), key=lambda i: len(allowed[i])):
+        want = needs[g]
+        for name in sorted(allowed[g], key=contest.__getitem__):
+            take = min(want, free[name])
+            free[name] -= take
+            want -= take
+            if want <= 0:
+                break
+        lack[g] = max(want, 0.0)
+    return lack
+
+
+def _size_pools(
+    needs: Sequence[GroupNeed],
+    outlooks: Sequence[DemandOutlook],
+    pools: Sequence[NodePool],
+    current: Mapping[str, PoolFleet],
+    policy: PlannerPolicy,
+    memory: PlannerMemory,
+    backoff: Mapping[str, int],
+    step: int,
+) -> tuple[dict[str, int], list[PoolDecision], dict[str, int], dict[str, int]]:
+    fleets = {p.name: current.get(p.name, PoolFleet(p.name, 0)) for p in pools}
+    desired = {p.name: max(fleets[p.name].total, p.min_size) for p in pools}
+    notes: dict[str, list[str]] = {p.name: [] for p in pools}
+    add_to = [n.add_to for n in needs]
+    keep = [n.keep for n in needs]
+
+    # Scale up: cover every group's need at the lead time with the cheapest nodes.
+    lack = _unmet(desired, add_to, outlooks, pools)
+    for g in sorted(range(len(needs)), key=lambda i: -lack[i]):
+        while lack[g] > 1e-9:
+            choice = _cheapest(pools, outlooks[g], desired, lack[g], policy, backoff, step)
+            if choice is None:
+                for p in pools:
+                    if _serves(p, outlooks[g]):
+                        notes[p.name].append(
+                            f"{needs[g].group} lacks {lack[g]:.1f} GPUs with every pool "
+                            "that may serve it at max size"
+                        )
+                break
+            pool, nodes = choice
+            desired[pool.name] += nodes
+            lack = _unmet(desired, add_to, outlooks, pools)
+
+    # Scale down: drop what no group needs before a replacement could arrive, most
+    # expensive first, only idle/drainable or booting nodes, after the hysteresis.
+    surplus_since = dict(memory.surplus_since)
+    order = sorted(pools, key=lambda p: -_unit_cost(p, policy.objective))
+    for pool in order if policy.scale_down_enabled else ():
+        name = pool.name
+        if desired[name] > fleets[name].total:
+            surplus_since.pop(name, None)
+            continue
+        limit = min(fleets[name].can_remove, desired[name] - pool.min_size)
+        removable = _max_removable(name, limit, desired, keep, outlooks, pools)
+        if removable < policy.min_scale_down_nodes:
+            surplus_since.pop(name, None)
+            continue
+        since = surplus_since.setdefault(name, step)
+        last_up = memory.last_scale_up.get(name, -(10**9))
+        if step - since < policy.scale_down_delay_steps:
+            notes[name].append(
+                f"surplus of {removable} for {step - since + 1} steps, waiting "
+                f"{policy.scale_down_delay_steps} before removing"
+            )
+            continue
+        if step - last_up < policy.scale_down_cooldown_steps:
+            notes[name].append(f"scale-down cooldown after the scale-up at step {last_up}")
+            continue
+        desired[name] -= removable
+
+    decisions: list[PoolDecision] = []
+    last_scale_up = dict(memory.last_scale_up)
+    for pool in pools:
+        name = pool.name
+        fleet = fleets[name]
+        # Only the needs this pool may serve, each named: with one group per pool, every
+        # pool's reason listed every group's bound without saying whose it was.
+        served = [
+            f"{n.group}: {n.reason}"
+            for n, o in zip(needs, outlooks, strict=True)
+            if _serves(pool, o)
+        ]
+        need_text = "; ".join(served) or "no demand group may use this pool"
+        delta = desired[name] - fleet.total
+        if delta > 0:
+            action: Literal["scale_up", "scale_down", "hold"] = "scale_up"
+            last_scale_up[name] = step
+            why = f"add {delta}: {need_text}"
+            if fleet.booting:
+                why += f" ({fleet.booting} booting counted)"
+        elif delta < 0:
+            action = "scale_down"
+            why = f"remove {-delta} surplus node(s): {need_text}"
+            surplus_since.pop(name, None)
+        else:
+            action = "hold"
+            why = f"fleet matches need: {need_text}"
+        if fleet.lost:
+            why += f"; {fleet.lost} node(s) lost since last decision"
+        if name in backoff and backoff[name] > step:
+            why += "; spot pool backing off after an interruption"
+        if notes[name]:
+            why += "; " + "; ".join(notes[name])
+        decisions.append(
+            PoolDecision(
+                pool=name,
+                current=fleet.total,
+                desired=desired[name],
+                action=action,
+                reason=why,
+                inputs={
+                    "ready": fleet.ready,
+                    "booting": fleet.booting,
+                    "removable": fleet.can_remove,
+                    "lost": fleet.lost,
+                    "lead_steps": pool.boot_steps(policy.step_seconds),
+                    "max_size": pool.max_size,
+                },
+            )
+        )
+    return desired, decisions, surplus_since, last_scale_up
+
+
+def _cheapest(
+    pools: Sequence[NodePool],
+    outlook: DemandOutlook,
+    desired: Mapping[str, int],
+    lack: float,
+    policy: PlannerPolicy,
+    backoff: Mapping[str, int],
+    step: int,
+) -> tuple[NodePool, int] | None:
+    """The next nodes to add for `lack` GPUs: whole nodes the lack fills, from the pool
+    cheapest per GPU (or per watt); when the lack is smaller than any node, the pool whose
+    covering nodes cost least in total (one small node may beat a big one that is cheaper
+    per GPU). Spot pools backing off after an interruption come last."""
+    candidates = [p for p in pools if _serves(p, outlook) and desired[p.name] < p.max_size]
+    if not candidates:
+        return None
+
+    def backing_off(p: NodePool) -> bool:
+        return backoff.get(p.name, -1) > step
+
+    filled = [p for p in candidates if p.gpus_per_node <= lack + 1e-9]
+    if filled:
+        best = min(filled, key=lambda p: (backing_off(p), _unit_cost(p, policy.objective)))
+        nodes = int((lack + 1e-9) // best.gpus_per_node)
+    else:
+        best = min(
+            candidates,
+            key=lambda p: (
+                backing_off(p),
+                math.ceil(lack / p.gpus_per_node - 1e-9)
+                * p.gpus_per_node
+                * _unit_cost(p, policy.objective),
+            ),
+        )
+        nodes = math.ceil(lack / best.gpus_per_node - 1e-9)
+    return best, min(nodes, best.max_size - desired[best.name])
+
+
+def _max_removable(
+    name: str,
+    limit: int,
+    desired: Mapping[str, int],
+    keep: Sequence[float],
+    outlooks: Sequence[DemandOutlook],
+    pools: Sequence[NodePool],
+) -> int:
+    """The most nodes of pool `name` (at most `limit`) whose removal leaves every group's
+    `keep` covered (coverage is monotone in the count, so bisect)."""
+    if limit <= 0:
+        return 0
+    counts = dict(desired)
+
+    def fits(r: int) -> bool:
+        counts[name] = desired[name] - r
+        return all(x <= 1e-9 for x in _unmet(counts, keep, outlooks, pools))
+
+    if not fits(0):
+        return 0
+    lo, hi = 0, limit
+    while lo < hi:
+        mid = (lo + hi + 1) // 2
+        if fits(mid):
+            lo = mid
+        else:
+            hi = mid - 1
+    return lo
+
+
+def _static(
+    fleet: FleetState,
+    pools: Sequence[NodePool],
+    policy: PlannerPolicy,
+    current: Mapping[str, PoolFleet],
+) -> tuple[dict[str, int], list[PoolDecision]]:
+    clock = fleet.at.time()
+    desired: dict[str, int] = {}
+    decisions = []
+    for pool in pools:
+        size = policy.static_sizes.get(pool.name, pool.min_size)
+        source = "fixed size"
+        entries = [e for e in policy.schedule if e.pool == pool.name]
+        if entries:
+            # The latest entry started today, else the last one of yesterday.
+            started = [e for e in entries if e.start <= clock]
+            entry = max(started or entries, key=lambda e: e.start)
+            size, source = entry.size, f"schedule from {entry.start.isoformat('minutes')}"
+        size = min(max(size, pool.min_size), pool.max_size)
+        fleet_now = current.get(pool.name, PoolFleet(pool.name, 0))
+        have = fleet_now.total
+        if size < have - fleet_now.can_remove:
+            size = have - fleet_now.can_remove
+            source += " (busy nodes stay)"
+        desired[pool.name] = size
+        action: Literal["scale_up", "scale_down", "hold"] = (
+            "scale_up" if size > have else "scale_down" if size < have else "hold"
+        )
+        decisions.append(
+            PoolDecision(
+                pool.name, have, size, action, f"static: {source} {size}", {"static_size": size}
+            )
+        )
+    return desired, decisions
