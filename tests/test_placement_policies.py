@@ -6,8 +6,8 @@ import numpy as np
 import pytest
 from placement_cluster import cluster, job, run
 
+from scaler.cluster.predicates import feasible
 from scaler.placement import POLICIES, ClusterState, Placement, WorkloadMix, make_policy, place
-from scaler.placement.engine import feasible
 from scaler.placement.fragmentation import FragmentationModel
 from scaler.placement.mix import JobShape
 

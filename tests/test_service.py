@@ -348,9 +348,9 @@ def test_filter_with_node_names_answers_as_kube_scheduler_expects(
     result = answer.json()
     assert set(result) == {"NodeNames", "FailedNodes", "FailedAndUnresolvableNodes", "Error"}
     assert result["NodeNames"] == ["gpu-2"]
-    assert result["FailedNodes"] == {"gpu-1": "2 idle GPUs, pod needs 4"}  # preemption may help
+    assert result["FailedNodes"] == {"gpu-1": "2 idle GPUs, job needs 4"}  # preemption may help
     assert result["FailedAndUnresolvableNodes"] == {
-        "gpu-3": "node has GPU model T4, pod wants A100",
+        "gpu-3": "node has GPU model T4, job wants A100",
         "gpu-4": "node selector, taints or spread rule exclude this node",
     }
     assert result["Error"] == ""
@@ -421,7 +421,7 @@ def test_bind_needs_the_token_then_binds_with_the_engines_gpus(
     # The state saw it: an 8-GPU pod no longer fits gpu-2.
     big = pod_json("big", 8, uid="uid-big")
     result = client.post("/v1/extender/filter", json={"Pod": big, "NodeNames": ["gpu-2"]}).json()
-    assert result["FailedNodes"] == {"gpu-2": "4 idle GPUs, pod needs 8"}
+    assert result["FailedNodes"] == {"gpu-2": "4 idle GPUs, job needs 8"}
 
     # A pod the scheduler never showed and the API server does not know: an Error, not 5xx.
     ghost = binding | {"PodName": "ghost", "PodUID": "uid-ghost"}

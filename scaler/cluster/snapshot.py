@@ -37,6 +37,10 @@ class NodeSpec:
     model: str = ""
     labels: tuple[tuple[str, str], ...] = ()
     taints: frozenset[str] = frozenset()
+    cordoned: bool = False  # unschedulable: nothing new may be placed here
+
+    def label(self, key: str) -> str | None:
+        return dict(self.labels).get(key)
 
 
 @dataclass(frozen=True, slots=True)
@@ -59,8 +63,8 @@ class ClusterState:
     """Free and used resources of every node, plus the jobs bound to them.
 
     Build it with `ClusterState.from_nodes` (or `from_frame` for the openb node list);
-    change it only through `bind`, `release` and `set_draining`, which keep the derived
-    arrays and `version` consistent.
+    change it only through `bind`, `release`, `set_draining` and `set_cordoned`, which
+    keep the derived arrays and `version` consistent.
     """
 
     names: list[str]
@@ -76,6 +80,7 @@ class ClusterState:
     max_free: np.ndarray
     shape_counts: np.ndarray
     draining: np.ndarray
+    cordoned: np.ndarray
     labels: list[dict[str, str]]
     taints: list[frozenset[str]]
     version: np.ndarray
@@ -115,6 +120,7 @@ class ClusterState:
             max_free=np.where(count > 0, WHOLE_GPU_MILLI, 0).astype(np.int64),
             shape_counts=np.zeros((len(nodes), MAX_SHAPE + 1), dtype=np.int64),
             draining=np.zeros(len(nodes), dtype=bool),
+            cordoned=np.array([n.cordoned for n in nodes], dtype=bool),
             labels=[dict(n.labels) for n in nodes],
             taints=[frozenset(n.taints) for n in nodes],
             version=np.zeros(len(nodes), dtype=np.int64),
@@ -185,6 +191,7 @@ class ClusterState:
             "max_free",
             "shape_counts",
             "draining",
+            "cordoned",
             "version",
         ):
             setattr(clone, name, getattr(self, name).copy())
@@ -232,6 +239,13 @@ class ClusterState:
         """Mark nodes as leaving soon: placement avoids them while other nodes fit."""
         for n in nodes:
             self.draining[n] = draining
+            self.version[n] += 1
+
+    def set_cordoned(self, nodes: Iterable[int], cordoned: bool = True) -> None:
+        """Mark nodes unschedulable: nothing new is placed there (what a removal does first,
+        and what the scale-down check does to the node it simulates away)."""
+        for n in nodes:
+            self.cordoned[n] = cordoned
             self.version[n] += 1
 
     def _apply(self, allocation: Allocation, sign: int) -> None:

@@ -23,8 +23,8 @@ from typing import Literal
 import numpy as np
 
 from scaler.cluster.job import WHOLE_GPU_MILLI, Job
+from scaler.cluster.predicates import feasible
 from scaler.cluster.snapshot import ClusterState
-from scaler.placement.engine import feasible
 from scaler.placement.policies.base import Policy
 
 Goal = Literal["nodes", "gpus"]

@@ -18,9 +18,10 @@ from __future__ import annotations
 import numpy as np
 
 from scaler.cluster.job import WHOLE_GPU_MILLI, Job
+from scaler.cluster.predicates import admits
 from scaler.cluster.snapshot import Allocation, ClusterState
 from scaler.placement.decision import Placement, Unschedulable
-from scaler.placement.engine import admits, place
+from scaler.placement.engine import place
 from scaler.placement.policies.base import Policy
 
 Cost = tuple[int, int, float, int]

@@ -22,8 +22,8 @@ import numpy as np
 from kubernetes.utils import parse_quantity
 
 from scaler.cluster.job import WHOLE_GPU_MILLI
+from scaler.cluster.predicates import feasible, full_now, never_on
 from scaler.placement import ClusterState, Job, NodeSpec, Placement, Policy, Unschedulable
-from scaler.placement.engine import admits, feasible
 from scaler.service.models import Container, KubeNode, KubePod, Taint, Toleration
 
 MAX_EXTENDER_PRIORITY = 10
@@ -164,37 +164,12 @@ def filter_nodes(state: ClusterState, job: Job, candidates: Sequence[str]) -> Fi
         elif fits[n]:
             passing.append(name)
         else:
-            never = _never_on(state, job, n)
+            never = never_on(state, job, n)
             if never:
                 unresolvable[name] = never
             else:
-                failed[name] = _full_now(state, job, n)
+                failed[name] = full_now(state, job, n)
     return FilterResult(passing, failed, unresolvable)
-
-
-def _never_on(state: ClusterState, job: Job, n: int) -> str | None:
-    if not admits(state, job)[n]:
-        return "node selector, taints or spread rule exclude this node"
-    if job.num_gpu:
-        if not state.model_mask(job.gpu_models)[n]:
-            have = state.models[state.model_id[n]] if state.model_id[n] >= 0 else "none"
-            wanted = "|".join(sorted(job.gpu_models))
-            return f"node has GPU model {have}, pod wants {wanted}"
-        if state.gpu_count[n] < job.num_gpu:
-            return f"node has {state.gpu_count[n]} GPUs, pod needs {job.num_gpu}"
-    if state.cpu_cap[n] < job.cpu_milli or state.mem_cap[n] < job.memory_mib:
-        return "node has less CPU or memory in all than the pod asks"
-    return None
-
-
-def _full_now(state: ClusterState, job: Job, n: int) -> str:
-    if state.cpu_free[n] < job.cpu_milli:
-        return f"{state.cpu_free[n]}m CPU free, pod needs {job.cpu_milli}m"
-    if state.mem_free[n] < job.memory_mib:
-        return f"{state.mem_free[n]} MiB memory free, pod needs {job.memory_mib} MiB"
-    if job.is_sharing:
-        return f"no GPU has {job.gpu_milli}/1000 free"
-    return f"{state.full_free[n]} idle GPUs, pod needs {job.num_gpu}"
 
 
 def rank(
@@ -230,6 +205,6 @@ def place_on(state: ClusterState, job: Job, policy: Policy, node: str) -> Placem
         return Unschedulable(job.id, f"node {node} is unknown to gpuscale")
     n = state.names.index(node)
     if not feasible(state, job)[n]:
-        return Unschedulable(job.id, _never_on(state, job, n) or _full_now(state, job, n))
+        return Unschedulable(job.id, never_on(state, job, n) or full_now(state, job, n))
     chosen, gpus = policy.choose(state, job, np.array([n]))
     return Placement(job.id, node, chosen, gpus, policy.name)

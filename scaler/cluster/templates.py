@@ -1,0 +1,25 @@
+"""Nodes a pool would add: its node template, as the engine sees a node.
+
+Cluster Autoscaler estimates a scale-up on copies of a node group's `TemplateNodeInfo`;
+ours are `NodeSpec`s built from the pool's economics, labelled with the pool so a job that
+asks for a pool (node selector) lands only there.
+"""
+
+from __future__ import annotations
+
+from scaler.cluster.pools import NodePool
+from scaler.cluster.snapshot import NodeSpec
+
+POOL_LABEL = "gpuscale.io/pool"
+
+
+def template_node(pool: NodePool, name: str, pool_label: str = POOL_LABEL) -> NodeSpec:
+    """An empty node of `pool` named `name`."""
+    return NodeSpec(
+        name=name,
+        cpu_milli=pool.cpu_milli_per_node,
+        memory_mib=pool.memory_mib_per_node,
+        gpus=pool.gpus_per_node,
+        model=pool.gpu_model,
+        labels=((pool_label, pool.name),),
+    )
