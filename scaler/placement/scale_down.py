@@ -5,7 +5,8 @@ capacity and are deleted with the node), can be placed on some other node that s
 placeholders elsewhere do not stand in the way, since real jobs preempt them. The
 candidates are tried in the order given on one scratch copy of the cluster: a node found
 removable is cordoned there and its jobs are bound where they would go, so two removals
-never count on the same free room and a later candidate carries what moved onto it. The real state is not changed.
+never count on the same free room and a later candidate carries what moved onto it.
+The real state is not changed.
 """
 
 from __future__ import annotations
