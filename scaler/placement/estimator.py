@@ -28,17 +28,20 @@ from scaler.placement.policies.base import Policy
 
 @dataclass(frozen=True, slots=True)
 class PoolEstimate:
-    """`new_nodes` empty nodes of `pool`, beyond those booting, hold `jobs`."""
+    """`new_nodes` empty nodes of `pool`, beyond those booting, hold `jobs`; `nodes_used`
+    counts the booting and new nodes that hold at least one of them."""
 
     pool: str
     new_nodes: int = 0
     jobs: tuple[str, ...] = ()
+    nodes_used: int = 0
 
 
 @dataclass(frozen=True)
 class ScaleUpEstimate:
     pools: Mapping[str, PoolEstimate]
-    on_existing: tuple[str, ...] = ()  # pending jobs that fit a ready or booting node
+    on_existing: tuple[str, ...] = ()  # pending jobs that fit a node of the given state
+    existing_nodes: tuple[str, ...] = ()  # the nodes of the given state they would go to
     unplaceable: Mapping[str, str] = field(default_factory=dict)  # job -> why no pool fits
 
     def new_nodes(self, pool: str) -> int:
@@ -143,10 +146,12 @@ def estimate_scale_up(
             p.name,
             max(opened.get(p.name, 0) - booting.get(p.name, 0), 0),
             tuple(placed_on[p.name]),
+            len({a.node for a in templates[p.name].jobs.values()}) if p.name in templates else 0,
         )
         for p in pools
     }
-    return ScaleUpEstimate(estimates, tuple(on_existing), unplaceable)
+    existing = sorted({scratch.names[scratch.jobs[j].node] for j in on_existing}) if scratch else []
+    return ScaleUpEstimate(estimates, tuple(on_existing), tuple(existing), unplaceable)
 
 
 def _pools_for(

@@ -1,0 +1,82 @@
+"""Reactive demand: what Cluster Autoscaler would ask for now, on the one cluster model.
+
+A pool needs the ready nodes that run real work plus the booting and new nodes its pending
+jobs pack onto (`placement.estimator`). The live loop (pending pods) and the job simulator
+(its queue) both turn that into the planner's reactive outlooks here, so "reactive" means
+the same in both; the predictive plan takes it as a floor, since a job waiting now needs
+capacity whatever the forecast said.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+
+from scaler.cluster.job import Job
+from scaler.cluster.pools import NodePool
+from scaler.cluster.snapshot import ClusterState
+from scaler.cluster.templates import POOL_LABEL
+from scaler.placement.estimator import ScaleUpEstimate, estimate_scale_up
+from scaler.placement.policies.base import Policy
+from scaler.planning.planner import DemandOutlook
+
+
+@dataclass(frozen=True)
+class ReactiveDemand:
+    nodes: Mapping[str, int]  # nodes each pool needs now
+    estimate: ScaleUpEstimate
+
+    def outlooks(self, pools: Sequence[NodePool]) -> tuple[DemandOutlook, ...]:
+        """One outlook per pool, served by that pool's GPU model only."""
+        return tuple(
+            DemandOutlook(
+                p.name,
+                float(self.nodes.get(p.name, 0) * p.gpus_per_node),
+                gpu_models=frozenset({p.gpu_model}),
+            )
+            for p in pools
+        )
+
+
+def busy_nodes(
+    state: ClusterState | None, also: Sequence[str] = (), pool_label: str = POOL_LABEL
+) -> dict[str, int]:
+    """Ready nodes per pool that run at least one real (non-placeholder) job, or are named
+    in `also` (nodes pending jobs are about to take)."""
+    counts: dict[str, int] = {}
+    if state is None:
+        return counts
+    taken = set(also)
+    for n in range(state.size):
+        real = any(not state.jobs[j].job.placeholder for j in state.node_jobs[n])
+        if real or state.names[n] in taken:
+            pool = state.labels[n].get(pool_label)
+            if pool is not None:
+                counts[pool] = counts.get(pool, 0) + 1
+    return counts
+
+
+def reactive_demand(
+    state: ClusterState | None,
+    pending: Sequence[Job],
+    pools: Sequence[NodePool],
+    policy: Policy,
+    *,
+    booting: Mapping[str, int],
+    current: Mapping[str, int],
+    pool_label: str = POOL_LABEL,
+) -> ReactiveDemand:
+    """Nodes per pool: ready nodes that run real jobs or take a pending one, plus the
+    booting and new nodes the other pending jobs need."""
+    real = [j for j in pending if not j.placeholder]
+    estimate = estimate_scale_up(
+        state, real, pools, policy, booting=booting, current=current, pool_label=pool_label
+    )
+    busy = busy_nodes(state, estimate.existing_nodes, pool_label)
+    nodes = {p.name: busy.get(p.name, 0) + estimate.pools[p.name].nodes_used for p in pools}
+    return ReactiveDemand(nodes, estimate)
+
+
+def with_floor(desired: Mapping[str, int], floor: Mapping[str, int]) -> dict[str, int]:
+    """The larger of a plan's size and the reactive floor, per pool."""
+    return {pool: max(size, floor.get(pool, 0)) for pool, size in desired.items()}
