@@ -12,6 +12,7 @@ from predictor.data.loaders import DemandTrace, load_trace
 from predictor.evaluation.backtest import (
     backtest_group,
     baseline_quantile,
+    below,
     coverage,
     group_by_window,
     pinball,
@@ -34,6 +35,8 @@ CONTRACT = {
     "pinball_p99_baseline",
     "coverage_p90",
     "coverage_p99",
+    "below_p90",
+    "below_p99",
 }
 
 
@@ -45,6 +48,7 @@ def test_metrics_match_hand_computation() -> None:
     assert pinball(actual, forecast, 0.9) == pytest.approx((0.1 + 0 + 0.1 + 2.7) / 4)
     assert pinball(actual, forecast, 0.5) == pytest.approx((0.5 + 0 + 0.5 + 1.5) / 4)
     assert coverage(actual, forecast) == pytest.approx(3 / 4)  # equality counts as covered
+    assert below(actual, forecast) == pytest.approx(2 / 4)  # equality is not below
 
 
 def test_baseline_quantile_is_last_value_plus_training_change_quantile() -> None:

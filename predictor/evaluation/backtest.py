@@ -42,6 +42,13 @@ def coverage(actual: np.ndarray, quantile: np.ndarray) -> float:
     return float(np.mean(np.asarray(actual) <= np.asarray(quantile)))
 
 
+def below(actual: np.ndarray, quantile: np.ndarray) -> float:
+    """Share of steps whose actual value is strictly below the forecast quantile. Demand
+    that stays flat puts a point mass on the last value, so a correct quantile at level a
+    has `below <= a <= coverage` rather than a coverage near a."""
+    return float(np.mean(np.asarray(actual) < np.asarray(quantile)))
+
+
 def baseline_quantile(
     train_y: np.ndarray, last: np.ndarray, horizon: int, level: float
 ) -> np.ndarray:
@@ -69,6 +76,8 @@ class ForecastRow:
     pinball_p99_baseline: float
     coverage_p90: float
     coverage_p99: float
+    below_p90: float
+    below_p99: float
     steps: int
     fit_seconds: float
     forecast_seconds: float
@@ -96,6 +105,8 @@ def score(
         "pinball_p99_baseline": pinball(actual, base99, 0.99),
         "coverage_p90": coverage(actual, q90),
         "coverage_p99": coverage(actual, q99),
+        "below_p90": below(actual, q90),
+        "below_p99": below(actual, q99),
     }
 
 
@@ -204,7 +215,17 @@ def _row(
     )
 
 
-TARGETS = {"ratio_mean": 0.85, "ratio_max": 1.05, "p90": (0.88, 0.92), "p99": 0.975}
+# BENCHMARKS.md (revised 2026-12-01): a quantile at level a is calibrated when
+# below <= a <= coverage; per horizon on average below_p90 <= 0.92, coverage_p90 >= 0.88,
+# below_p99 <= 0.995, coverage_p99 >= 0.975.
+TARGETS = {
+    "ratio_mean": 0.85,
+    "ratio_max": 1.05,
+    "below_p90": 0.92,
+    "coverage_p90": 0.88,
+    "below_p99": 0.995,
+    "coverage_p99": 0.975,
+}
 
 
 def summarize(rows: Sequence[Mapping[str, object]], model: str = "gpuscale") -> list[dict]:
@@ -227,16 +248,19 @@ def summarize(rows: Sequence[Mapping[str, object]], model: str = "gpuscale") -> 
             "worst_ratio": worst,
             "coverage_p90": float(g["coverage_p90"].mean()),
             "coverage_p99": float(g["coverage_p99"].mean()),
+            "below_p90": float(g["below_p90"].mean()),
+            "below_p99": float(g["below_p99"].mean()),
             "rmse_ratio": float((g["rmse"] / g["rmse_persistence"].clip(lower=1e-12)).mean()),
             "rmse_above_persistence": above,
         }
-        lo, hi = TARGETS["p90"]
         rec["met"] = bool(
             rec["ratio_p90"] <= TARGETS["ratio_mean"]
             and rec["ratio_p99"] <= TARGETS["ratio_mean"]
             and worst <= TARGETS["ratio_max"]
-            and lo <= rec["coverage_p90"] <= hi
-            and rec["coverage_p99"] >= TARGETS["p99"]
+            and rec["below_p90"] <= TARGETS["below_p90"]
+            and rec["coverage_p90"] >= TARGETS["coverage_p90"]
+            and rec["below_p99"] <= TARGETS["below_p99"]
+            and rec["coverage_p99"] >= TARGETS["coverage_p99"]
             and not above
         )
         out.append(rec)
