@@ -105,7 +105,7 @@ def test_spread_puts_replicas_of_a_service_on_different_nodes() -> None:
     assert sorted(nodes) == ["n0", "n1", "n2"]
     fourth = place(state, job("r3", 1, gpus=1, mode="spread", service="api"), policy)
     assert isinstance(fourth, Unschedulable)
-    assert "0 admit it (selector, taints, spread)" in fourth.reason
+    assert "0 admit it (selector, taints, spread, cordon)" in fourth.reason
     # Pack mode (or another service) may share a node.
     assert isinstance(place(state, job("p", 1, gpus=1, service="api"), policy), Placement)
     assert isinstance(

@@ -6,8 +6,9 @@ node specs, and filter / prioritize / bind answer with the engine's own decision
   in all) is reported as unresolvable, so the scheduler does not try preemption there;
   one that is only full now is a plain failure.
 - prioritize: the engine's policy ranks the candidates the way `place` would choose among
-  them: its first choice scores 10 (MaxExtenderPriority), the next 9, ... and the rest 0,
-  so the scheduler's top node is the engine's placement.
+  them (`engine.candidates`: feasible, non-draining while any fit): its first choice
+  scores 10 (MaxExtenderPriority), the next 9, ... and the rest 0, so the scheduler's top
+  node is the engine's placement.
 - bind: the engine chooses the GPU indices on the node the scheduler picked.
 
 Everything here is a pure function of a `ClusterState`, a job and the policy.
@@ -24,6 +25,7 @@ from kubernetes.utils import parse_quantity
 from scaler.cluster.job import WHOLE_GPU_MILLI
 from scaler.cluster.predicates import feasible, full_now, never_on
 from scaler.placement import ClusterState, Job, NodeSpec, Placement, Policy, Unschedulable
+from scaler.placement.engine import candidates as engine_candidates
 from scaler.service.models import Container, KubeNode, KubePod, Taint, Toleration
 
 MAX_EXTENDER_PRIORITY = 10
@@ -175,25 +177,24 @@ def filter_nodes(state: ClusterState, job: Job, candidates: Sequence[str]) -> Fi
 def rank(
     state: ClusterState, job: Job, policy: Policy, candidates: Sequence[str]
 ) -> list[tuple[str, int]]:
-    """Scores 0..10 for the candidates: the policy's choice among them first (as `place`
-    makes it: feasible nodes, non-draining ones while any fit), then its choice among the
-    rest, and so on for the top ten."""
+    """Scores 0..10 for the candidates: the policy's choice among the engine's candidates
+    (`engine.candidates`, those `place` chooses among) first, then its choice among the
+    rest, and so on for the top ten; once the non-draining ones are ranked, the draining
+    ones follow."""
     index = {name: i for i, name in enumerate(state.names)}
     scores = dict.fromkeys(candidates, 0)
     if job.problem() is not None:
         return list(scores.items())
-    known = np.array(sorted({index[c] for c in candidates if c in index}), dtype=np.int64)
-    if known.size == 0:
-        return list(scores.items())
-    left = known[feasible(state, job)[known]]
+    unranked = np.array(sorted({index[c] for c in candidates if c in index}), dtype=np.int64)
+    pool = engine_candidates(state, job, unranked)
     for score in range(MAX_EXTENDER_PRIORITY, 0, -1):
-        if left.size == 0:
-            break
-        staying = left[~state.draining[left]]
-        pool = staying if staying.size else left
+        if pool.size == 0:
+            pool = engine_candidates(state, job, unranked)
+            if pool.size == 0:
+                break
         node, _ = policy.choose(state, job, pool)
         scores[state.names[node]] = score
-        left = left[left != node]
+        pool, unranked = pool[pool != node], unranked[unranked != node]
     return list(scores.items())
 
 
