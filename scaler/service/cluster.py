@@ -282,7 +282,10 @@ class LiveCluster:
         if not self._specs:
             self._state = None
             return
-        state = ClusterState.from_nodes(list(self._specs.values()))
+        # By name: the policies break ties by node index, so the same nodes must give the
+        # same state however their source listed them (config order, API server order, the
+        # scheduler's node list arriving later).
+        state = ClusterState.from_nodes(sorted(self._specs.values(), key=lambda s: s.name))
         index = {name: i for i, name in enumerate(state.names)}
         for bound in (*self._observed.values(), *self._placed.values()):
             n = index.get(bound.node)
