@@ -20,10 +20,11 @@ from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from enum import StrEnum
+from http import HTTPStatus
 
 from kubernetes import client as k8s
 
-from scaler.kube.errors import API_ERRORS, KubeError, kube_error
+from scaler.kube.errors import API_ERRORS, KubeError, Refusal, kube_call, kube_error
 from scaler.kube.placeholders import PLACEHOLDER_LABELS
 from scaler.providers.base import CloudProvider, ProviderError
 
@@ -223,14 +224,10 @@ class NodeRemoval:
 
     # ---- API calls ---------------------------------------------------------------------
     def _read_node(self, name: str) -> k8s.V1Node | None:
-        try:
-            return self._core.read_node(name)
-        except k8s.ApiException as exc:
-            if exc.status == 404:
-                return None
-            raise kube_error(f"read node {name}", exc) from None
-        except API_ERRORS as exc:
-            raise kube_error(f"read node {name}", exc) from None
+        found = kube_call(
+            f"read node {name}", lambda: self._core.read_node(name), expect=(HTTPStatus.NOT_FOUND,)
+        )
+        return None if isinstance(found, Refusal) else found
 
     def _patch_node(self, name: str, body: dict, what: str) -> None:
         try:
@@ -259,17 +256,18 @@ class NodeRemoval:
         if pod.metadata.deletion_timestamp is not None:
             return None  # already going
         eviction = k8s.V1Eviction(metadata=k8s.V1ObjectMeta(name=name, namespace=ns))
-        try:
-            self._core.create_namespaced_pod_eviction(name, ns, eviction)
-        except k8s.ApiException as exc:
-            if exc.status == 404:
-                return None
-            if exc.status in (429, 500):  # a budget refuses, or two budgets cover the pod
-                reason = str(kube_error("evict", exc)).removeprefix("evict: ")
-                return BlockingPod(ns, name, reason, self._budget_of(pod))
-            raise kube_error(f"evict {ns}/{name}", exc) from None
-        except API_ERRORS as exc:
-            raise kube_error(f"evict {ns}/{name}", exc) from None
+        # 429: a budget refuses; 500: two budgets cover the pod; 404: already gone.
+        answer = kube_call(
+            f"evict {ns}/{name}",
+            lambda: self._core.create_namespaced_pod_eviction(name, ns, eviction),
+            expect=(
+                HTTPStatus.NOT_FOUND,
+                HTTPStatus.TOO_MANY_REQUESTS,
+                HTTPStatus.INTERNAL_SERVER_ERROR,
+            ),
+        )
+        if isinstance(answer, Refusal) and answer.status != HTTPStatus.NOT_FOUND:
+            return BlockingPod(ns, name, str(answer), self._budget_of(pod))
         return None
 
     def _budget_of(self, pod: k8s.V1Pod) -> str | None:
