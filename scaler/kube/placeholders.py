@@ -18,12 +18,13 @@ import hashlib
 import json
 from collections.abc import Sequence
 from dataclasses import dataclass
+from http import HTTPStatus
 from typing import Any
 
 from kubernetes import client as k8s
 from pydantic import BaseModel, ConfigDict, Field
 
-from scaler.kube.errors import API_ERRORS, KubeError, kube_error
+from scaler.kube.errors import API_ERRORS, KubeError, Refusal, kube_call, kube_error
 
 MANAGED_BY = "app.kubernetes.io/managed-by"
 COMPONENT = "app.kubernetes.io/component"
@@ -135,21 +136,18 @@ class Placeholders:
         self._scheduling = k8s.SchedulingV1Api(api)
 
     def ensure_priority_class(self) -> None:
-        try:
-            self._scheduling.read_priority_class(self.settings.priority_class)
+        found = kube_call(
+            "read the placeholder PriorityClass",
+            lambda: self._scheduling.read_priority_class(self.settings.priority_class),
+            expect=(HTTPStatus.NOT_FOUND,),
+        )
+        if not isinstance(found, Refusal):
             return
-        except k8s.ApiException as exc:
-            if exc.status != 404:
-                raise kube_error("read the placeholder PriorityClass", exc) from None
-        except API_ERRORS as exc:
-            raise kube_error("read the placeholder PriorityClass", exc) from None
-        try:
-            self._scheduling.create_priority_class(priority_class(self.settings))
-        except k8s.ApiException as exc:
-            if exc.status != 409:  # made meanwhile by another replica
-                raise kube_error("create the placeholder PriorityClass", exc) from None
-        except API_ERRORS as exc:
-            raise kube_error("create the placeholder PriorityClass", exc) from None
+        kube_call(
+            "create the placeholder PriorityClass",
+            lambda: self._scheduling.create_priority_class(priority_class(self.settings)),
+            expect=(HTTPStatus.CONFLICT,),  # made meanwhile by another replica
+        )
 
     def current(self) -> dict[str, k8s.V1Pod]:
         """The placeholder pods that exist now, by name."""
@@ -195,27 +193,23 @@ class Placeholders:
         return PlaceholderChanges(tuple(created), tuple(replaced), tuple(deleted), tuple(waiting))
 
     def _delete(self, name: str) -> None:
-        try:
-            self._core.delete_namespaced_pod(name, self.settings.namespace, grace_period_seconds=0)
-        except k8s.ApiException as exc:
-            if exc.status != 404:
-                raise kube_error(f"delete placeholder {name}", exc) from None
-        except API_ERRORS as exc:
-            raise kube_error(f"delete placeholder {name}", exc) from None
+        kube_call(
+            f"delete placeholder {name}",
+            lambda: self._core.delete_namespaced_pod(
+                name, self.settings.namespace, grace_period_seconds=0
+            ),
+            expect=(HTTPStatus.NOT_FOUND,),
+        )
 
     def _create(self, manifest: dict) -> bool:
         """False when a pod of that name still exists (being deleted, or made by another
         replica): the next reconcile sees it."""
-        name = manifest["metadata"]["name"]
-        try:
-            self._core.create_namespaced_pod(self.settings.namespace, manifest)
-        except k8s.ApiException as exc:
-            if exc.status == 409:
-                return False
-            raise kube_error(f"create placeholder {name}", exc) from None
-        except API_ERRORS as exc:
-            raise kube_error(f"create placeholder {name}", exc) from None
-        return True
+        made = kube_call(
+            f"create placeholder {manifest['metadata']['name']}",
+            lambda: self._core.create_namespaced_pod(self.settings.namespace, manifest),
+            expect=(HTTPStatus.CONFLICT,),
+        )
+        return not isinstance(made, Refusal)
 
 
 def _up_to_date(pod: k8s.V1Pod, manifest: dict) -> bool:
