@@ -16,11 +16,12 @@ import threading
 import time
 from collections.abc import Callable
 from datetime import UTC, datetime
+from http import HTTPStatus
 
 from kubernetes import client as k8s
 
 from scaler.controller.config import LeaseSection
-from scaler.kube.errors import API_ERRORS
+from scaler.kube.errors import KubeError, Refusal, kube_call
 
 log = logging.getLogger(__name__)
 
@@ -84,13 +85,15 @@ class LeaderElector:
         s = self.settings
         now = self._clock()
         try:
-            lease = self._api.read_namespaced_lease(s.name, s.namespace)
-        except k8s.ApiException as exc:
-            if exc.status != 404:
-                return self._failed(f"read lease: HTTP {exc.status}")
+            lease = kube_call(
+                "read lease",
+                lambda: self._api.read_namespaced_lease(s.name, s.namespace),
+                expect=(HTTPStatus.NOT_FOUND,),
+            )
+        except KubeError as exc:
+            return self._failed(str(exc))
+        if isinstance(lease, Refusal):
             return self._create(now)
-        except API_ERRORS as exc:
-            return self._failed(f"read lease: {exc}")
 
         spec = lease.spec or k8s.V1LeaseSpec()
         version = lease.metadata.resource_version
@@ -123,14 +126,16 @@ class LeaderElector:
             },
         }
         try:
-            updated = self._api.replace_namespaced_lease(s.name, s.namespace, body)
-        except k8s.ApiException as exc:
-            if exc.status == 409:  # another replica wrote first: it won this round
-                self._renewed_at = None
-                return False
-            return self._failed(f"update lease: HTTP {exc.status}")
-        except API_ERRORS as exc:
-            return self._failed(f"update lease: {exc}")
+            updated = kube_call(
+                "update lease",
+                lambda: self._api.replace_namespaced_lease(s.name, s.namespace, body),
+                expect=(HTTPStatus.CONFLICT,),
+            )
+        except KubeError as exc:
+            return self._failed(str(exc))
+        if isinstance(updated, Refusal):  # another replica wrote first: it won this round
+            self._renewed_at = None
+            return False
         if not ours:
             log.info("%s acquired lease %s/%s", self.identity, s.namespace, s.name)
         self._won(updated, now)
@@ -142,7 +147,9 @@ class LeaderElector:
             return
         s = self.settings
         try:
-            lease = self._api.read_namespaced_lease(s.name, s.namespace)
+            lease = kube_call(
+                "read lease", lambda: self._api.read_namespaced_lease(s.name, s.namespace)
+            )
             if (lease.spec.holder_identity or None) != self.identity:
                 return
             body = {
@@ -158,8 +165,11 @@ class LeaderElector:
                     "leaseTransitions": lease.spec.lease_transitions or 0,
                 },
             }
-            self._api.replace_namespaced_lease(s.name, s.namespace, body)
-        except API_ERRORS as exc:
+            kube_call(
+                "release lease",
+                lambda: self._api.replace_namespaced_lease(s.name, s.namespace, body),
+            )
+        except KubeError as exc:
             log.warning("could not release lease %s: %s", s.name, exc)
         finally:
             self._renewed_at = None
@@ -181,13 +191,15 @@ class LeaderElector:
             },
         }
         try:
-            created = self._api.create_namespaced_lease(s.namespace, body)
-        except k8s.ApiException as exc:
-            if exc.status == 409:  # created meanwhile by another replica
-                return False
-            return self._failed(f"create lease: HTTP {exc.status}")
-        except API_ERRORS as exc:
-            return self._failed(f"create lease: {exc}")
+            created = kube_call(
+                "create lease",
+                lambda: self._api.create_namespaced_lease(s.namespace, body),
+                expect=(HTTPStatus.CONFLICT,),
+            )
+        except KubeError as exc:
+            return self._failed(str(exc))
+        if isinstance(created, Refusal):  # created meanwhile by another replica
+            return False
         log.info("%s acquired new lease %s/%s", self.identity, s.namespace, s.name)
         self._won(created, now)
         return True

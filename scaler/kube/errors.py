@@ -12,7 +12,7 @@ import contextlib
 import json
 from collections.abc import Callable, Collection
 from dataclasses import dataclass
-from typing import TypeVar
+from typing import TypeVar, overload
 
 import urllib3
 from kubernetes.client import ApiException
@@ -48,6 +48,14 @@ def kube_error(what: str, exc: Exception) -> KubeError:
     if isinstance(exc, ApiException):
         return KubeError(f"{what}: {_refusal(exc)}")
     return KubeError(f"{what}: {type(exc).__name__}: {exc}")
+
+
+@overload
+def kube_call(what: str, request: Callable[[], T]) -> T: ...
+
+
+@overload
+def kube_call(what: str, request: Callable[[], T], *, expect: Collection[int]) -> T | Refusal: ...
 
 
 def kube_call(what: str, request: Callable[[], T], *, expect: Collection[int] = ()) -> T | Refusal:
