@@ -16,12 +16,13 @@ import time
 from collections import OrderedDict
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
+from http import HTTPStatus
 
 from kubernetes import client as k8s
 
 from scaler.controller.config import MixShape
 from scaler.controller.system import LiveSystem
-from scaler.kube.errors import API_ERRORS, KubeError, kube_error
+from scaler.kube.errors import KubeError, Refusal, kube_call
 from scaler.placement import (
     ClusterState,
     Job,
@@ -174,14 +175,14 @@ class LiveCluster:
             found = self._pods.get(uid) or self._pods.get(f"{namespace}/{name}")
         if found is not None or self.system.kube is None:
             return found
-        try:
-            raw = k8s.CoreV1Api(self.system.kube).read_namespaced_pod(name, namespace)
-        except k8s.ApiException as exc:
-            if exc.status == 404:
-                return None
-            raise kube_error(f"read pod {namespace}/{name}", exc) from None
-        except API_ERRORS as exc:
-            raise kube_error(f"read pod {namespace}/{name}", exc) from None
+        core = k8s.CoreV1Api(self.system.kube)
+        raw = kube_call(
+            f"read pod {namespace}/{name}",
+            lambda: core.read_namespaced_pod(name, namespace),
+            expect=(HTTPStatus.NOT_FOUND,),
+        )
+        if isinstance(raw, Refusal):
+            return None
         return KubePod.model_validate(self.system.kube.sanitize_for_serialization(raw))
 
     # ---- internals --------------------------------------------------------------------------
@@ -236,13 +237,14 @@ class LiveCluster:
 
     def _read_kubernetes(self, api: k8s.ApiClient) -> tuple[dict[str, NodeSpec], dict[str, Bound]]:
         core = k8s.CoreV1Api(api)
-        try:
-            nodes = core.list_node().items
-            pods = core.list_pod_for_all_namespaces(
+        what = "list nodes and pods"
+        nodes = kube_call(what, core.list_node).items
+        pods = kube_call(
+            what,
+            lambda: core.list_pod_for_all_namespaces(
                 field_selector="status.phase!=Succeeded,status.phase!=Failed"
-            ).items
-        except API_ERRORS as exc:
-            raise kube_error("list nodes and pods", exc) from None
+            ),
+        ).items
         specs = {}
         for raw in nodes:
             node = KubeNode.model_validate(api.sanitize_for_serialization(raw))

@@ -5,7 +5,7 @@ from __future__ import annotations
 from kubernetes import client as k8s
 
 from predictor.foundation.errors import InputError
-from scaler.kube.errors import API_ERRORS, KubeError, kube_error
+from scaler.kube.errors import KubeError, kube_call
 from scaler.placement import Job, Placement
 from scaler.service.cluster import LiveCluster
 from scaler.service.models import (
@@ -126,11 +126,11 @@ class Extender:
             "metadata": meta,
             "target": {"apiVersion": "v1", "kind": "Node", "name": args.Node},
         }
-        try:
-            if gpus:
-                annotation = {self.cluster.names.gpus_annotation: gpus}
-                core.patch_namespaced_pod(name, ns, {"metadata": {"annotations": annotation}})
-            # The client cannot read a Binding's empty answer back; take it raw.
-            core.create_namespaced_pod_binding(name, ns, body, _preload_content=False)
-        except API_ERRORS as exc:
-            raise kube_error(f"bind {ns}/{name} to {args.Node}", exc) from None
+        what = f"bind {ns}/{name} to {args.Node}"
+        if gpus:
+            patch = {"metadata": {"annotations": {self.cluster.names.gpus_annotation: gpus}}}
+            kube_call(what, lambda: core.patch_namespaced_pod(name, ns, patch))
+        # The client cannot read a Binding's empty answer back; take it raw.
+        kube_call(
+            what, lambda: core.create_namespaced_pod_binding(name, ns, body, _preload_content=False)
+        )
