@@ -240,20 +240,11 @@ def test_environment_overrides_the_file(tmp_path: Path, monkeypatch: pytest.Monk
 def test_placeholder_pods_are_not_demand() -> None:
     """The Kubernetes telemetry source must not count the loop's own placeholders, or the
     scaler would chase its own headroom."""
-    import json
-
-    from kubernetes import client as k8s
-
     from predictor.telemetry import kubernetes as source
-    from predictor.telemetry.config import KubernetesSettings
+    from predictor.telemetry.kube_objects import KUBE_NAMES
     from scaler.kube.placeholders import PLACEHOLDER_LABELS, PlaceholderSettings, placeholder_pod
 
-    class Body:
-        def __init__(self, obj: dict) -> None:
-            self.data = json.dumps(obj)
-
-    assert source.PLACEHOLDER_LABELS == PLACEHOLDER_LABELS
-    api = k8s.ApiClient()
+    assert dict(KUBE_NAMES.placeholder_labels) == PLACEHOLDER_LABELS  # one set of labels
     held = placeholder_pod(PlaceholderSettings(), "a100", 0, 8)
     job = {
         "metadata": {"name": "train", "namespace": "ml"},
@@ -263,7 +254,7 @@ def test_placeholder_pods_are_not_demand() -> None:
         },
         "status": {"phase": "Pending"},
     }
-    settings = KubernetesSettings()
-    pods = [source.parse_pod(api.deserialize(Body(p), "V1Pod"), settings) for p in (held, job)]
+    pods = [source.parse_pod(p, KUBE_NAMES) for p in (held, job)]
+    assert pods[0].gpus == 0
     (a100,) = source.pool_demand([], pods)
     assert (a100.pool, a100.pending) == ("a100", 4)

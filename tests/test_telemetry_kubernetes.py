@@ -160,16 +160,17 @@ def test_pool_demand_is_running_plus_pending_of_each_pool() -> None:
         GpuPod("ml", "p3", "Pending", 2, None, "c"),  # a pool with no nodes yet
         GpuPod("ml", "s1", "Succeeded", 8, "n1", None),
         GpuPod("ml", "f1", "Failed", 8, "n1", None),
+        GpuPod("ml", "q1", "Pending", 0.25, None, "b"),  # a quarter of one GPU
     ]
     by_pool = {p.pool: p for p in pool_demand(nodes, pods)}
     assert {k: (v.running, v.pending, v.demand) for k, v in by_pool.items()} == {
         "a": (3, 1, 4),
-        "b": (2, 4, 6),
+        "b": (2, 4.25, 6.25),
         "c": (0, 2, 2),
     }
     assert (by_pool["a"].capacity, by_pool["a"].nodes) == (8, 2)
     assert (by_pool["c"].capacity, by_pool["c"].nodes) == (0, 0)
-    assert sum(p.demand for p in by_pool.values()) == 12  # each pod counted once
+    assert sum(p.demand for p in by_pool.values()) == 12.25  # each pod counted once
 
 
 def test_one_shot_sample_lists_nodes_and_pods(cluster) -> None:
@@ -188,6 +189,31 @@ def test_one_shot_sample_lists_nodes_and_pods(cluster) -> None:
     assert got["capacity"] == {"a100": 8.0, "h100": 4.0, UNPOOLED: 0.0}  # a100-2 is cordoned
     assert got["nodes"] == {"a100": 2.0, "h100": 1.0, UNPOOLED: 0.0}
     assert fake.watch_requests("pods") == 0
+
+
+def test_a_shared_gpu_counts_as_its_share(cluster) -> None:
+    """A pod of one GPU with the GPU-share annotation holds that share of it: a pending
+    pod asking 250 milli adds 0.25 GPU to its pool's demand, a running one at 500 its half;
+    an annotation that is no share reads as the whole GPU."""
+    fake, settings = cluster
+
+    def shared(name: str, share: str, phase: str, **kw) -> dict:
+        made = pod(name, (1,), phase, **kw)
+        made["metadata"]["annotations"] = {"gpuscale.io/gpu-milli": share}
+        return made
+
+    fake.create("pods", shared("notebook", "250", "Pending", selector={POOL: "h100"}))
+    fake.create("pods", shared("serve", "500", "Running", node_name="a100-1"))
+    fake.create("pods", shared("odd", "lots", "Pending", selector={POOL: "a100"}))
+    source = KubernetesSource(settings)
+    try:
+        got = demand_of(source)
+    finally:
+        source.close()
+    # Before: a100 4 running + 8 pending; h100 2 running + 4 pending (see above).
+    assert got["pending"] == {"a100": 9.0, "h100": 4.25, UNPOOLED: 1.0}
+    assert got["running"] == {"a100": 4.5, "h100": 2.0, UNPOOLED: 0.0}
+    assert got["gpu_demand"] == {"a100": 13.5, "h100": 6.25, UNPOOLED: 1.0}
 
 
 def test_watched_demand_follows_pod_changes(cluster) -> None:

@@ -6,10 +6,12 @@ collector reads a cache the API server keeps current instead of polling it. A on
 sample lists.
 
 Demand of a pool, as in the Helios traces, is the GPUs of its running pods plus the GPUs of
-pending pods that want it. A pod runs in the pool of its node; a pending pod wants the pool
-its nodeSelector or node affinity names on the pool label (the first one it names, so each
-pod is counted once and the pools add up to the cluster). Pending pods that name no pool,
-and running pods on unlabelled nodes, are counted in the series `unpooled`.
+pending pods that want it; a pod sharing a GPU (the GPU-share annotation) counts as its
+share, so pods are read as the scaler reads them (`kube_objects`). A pod runs in the pool
+of its node; a pending pod wants the pool its nodeSelector or node affinity names on the
+pool label (the first one it names, so each pod is counted once and the pools add up to
+the cluster). Pending pods that name no pool, and running pods on unlabelled nodes, are
+counted in the series `unpooled`.
 """
 
 from __future__ import annotations
@@ -17,7 +19,7 @@ from __future__ import annotations
 import contextlib
 import logging
 import threading
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
 from typing import Any, Generic, TypeVar
 
@@ -27,20 +29,15 @@ from kubernetes import client as k8s
 from kubernetes import config as k8s_config
 from kubernetes import watch as k8s_watch
 from kubernetes.config.config_exception import ConfigException
-from kubernetes.utils import parse_quantity
 
 from predictor.foundation.errors import InputError
 from predictor.telemetry.config import KubernetesSettings
+from predictor.telemetry.kube_objects import KubeNames, read_node, read_pod
 from predictor.telemetry.sources import MetricBatch, Source, SourceError
 
 log = logging.getLogger(__name__)
 
 UNPOOLED = "unpooled"
-# The labels of scaler.kube.placeholders (predictor cannot import scaler).
-PLACEHOLDER_LABELS = {
-    "app.kubernetes.io/managed-by": "gpuscale",
-    "app.kubernetes.io/component": "placeholder",
-}
 T = TypeVar("T")
 _API_ERRORS = (k8s.ApiException, urllib3.exceptions.HTTPError, OSError, ValueError)
 
@@ -59,7 +56,7 @@ class GpuPod:
     namespace: str
     name: str
     phase: str
-    gpus: int
+    gpus: float  # a shared GPU counts as its share
     node: str | None
     wanted_pool: str | None  # from nodeSelector / node affinity; None: any pool
 
@@ -67,14 +64,14 @@ class GpuPod:
 @dataclass(frozen=True)
 class PoolDemand:
     pool: str
-    running: int
-    pending: int
+    running: float  # GPUs; shared GPUs count as their shares
+    pending: float
     capacity: int  # allocatable GPUs of schedulable nodes
     nodes: int
     gpu_model: str
 
     @property
-    def demand(self) -> int:
+    def demand(self) -> float:
         return self.running + self.pending
 
 
@@ -96,102 +93,53 @@ def api_client(settings: KubernetesSettings) -> k8s.ApiClient:
         ) from exc
 
 
-def _gpus(resources: Any, resource: str) -> int:
-    if resources is None:
-        return 0
-    # Extended resources must have requests == limits; a pod may give only the limit.
-    for amounts in (resources.requests, resources.limits):
-        if amounts and resource in amounts:
-            return int(parse_quantity(amounts[resource]))
-    return 0
-
-
-def pod_gpus(pod: k8s.V1Pod, resource: str) -> int:
-    """GPUs a pod holds: its containers together, or its largest init container if more
-    (init containers run one at a time before the others)."""
-    spec = pod.spec
-    main = sum(_gpus(c.resources, resource) for c in spec.containers or [])
-    init = max((_gpus(c.resources, resource) for c in spec.init_containers or []), default=0)
-    return max(main, init)
-
-
-def wanted_pool(pod: k8s.V1Pod, pool_label: str) -> str | None:
-    """The pool a pod asks for: nodeSelector, then required node affinity (`In` on the
-    pool label, first value), then the heaviest preferred term."""
-    spec = pod.spec
-    if spec.node_selector and pool_label in spec.node_selector:
-        return spec.node_selector[pool_label]
-    affinity = spec.affinity.node_affinity if spec.affinity else None
-    if affinity is None:
-        return None
-
-    def named(expressions: Iterable[Any] | None) -> str | None:
-        for expr in expressions or []:
-            if expr.key == pool_label and expr.operator == "In" and expr.values:
-                return expr.values[0]
-        return None
-
-    required = affinity.required_during_scheduling_ignored_during_execution
-    if required is not None:
-        pools = [named(term.match_expressions) for term in required.node_selector_terms or []]
-        # A term without a pool constraint lets the pod go anywhere.
-        if pools and all(pools):
-            return pools[0]
-        if pools:
-            return None
-    preferred = sorted(
-        affinity.preferred_during_scheduling_ignored_during_execution or [],
-        key=lambda term: -term.weight,
+def kube_names(settings: KubernetesSettings) -> KubeNames:
+    """The object conventions a collector's settings name (the rest at their defaults)."""
+    return KubeNames(
+        gpu_resource=settings.gpu_resource,
+        gpu_model_label=settings.gpu_model_label,
+        pool_label=settings.pool_label,
     )
-    for term in preferred:
-        pool = named(term.preference.match_expressions)
-        if pool:
-            return pool
-    return None
 
 
-def parse_node(node: k8s.V1Node, settings: KubernetesSettings) -> GpuNode:
-    labels = node.metadata.labels or {}
-    allocatable = (node.status.allocatable or {}) if node.status else {}
-    gpus = allocatable.get(settings.gpu_resource)
-    conditions = (node.status.conditions or []) if node.status else []
-    ready = any(c.type == "Ready" and c.status == "True" for c in conditions)
+def parse_node(node: Mapping[str, Any], names: KubeNames) -> GpuNode:
+    """A node in its JSON form, as telemetry counts it."""
+    facts = read_node(node, names)
     return GpuNode(
-        name=node.metadata.name,
-        pool=labels.get(settings.pool_label, UNPOOLED),
-        gpu_model=labels.get(settings.gpu_model_label, ""),
-        allocatable_gpus=int(parse_quantity(gpus)) if gpus is not None else 0,
-        schedulable=ready and not (node.spec and node.spec.unschedulable),
+        name=facts.name,
+        pool=facts.pool or UNPOOLED,
+        gpu_model=facts.gpu_model,
+        allocatable_gpus=facts.gpus,
+        schedulable=facts.ready and not facts.unschedulable,
     )
 
 
-def parse_pod(pod: k8s.V1Pod, settings: KubernetesSettings) -> GpuPod:
-    labels = pod.metadata.labels or {}
-    # gpuscale's placeholder pods hold capacity ahead of demand; counted as demand, they
-    # would make the scaler chase its own headroom.
-    placeholder = all(labels.get(k) == v for k, v in PLACEHOLDER_LABELS.items())
+def parse_pod(pod: Mapping[str, Any], names: KubeNames) -> GpuPod:
+    """A pod in its JSON form, as telemetry counts it: its GPUs with a shared GPU counted
+    as its share, and none for gpuscale's own placeholders."""
+    request = read_pod(pod, names)
     return GpuPod(
-        namespace=pod.metadata.namespace,
-        name=pod.metadata.name,
-        phase=pod.status.phase if pod.status and pod.status.phase else "Pending",
-        gpus=0 if placeholder else pod_gpus(pod, settings.gpu_resource),
-        node=pod.spec.node_name,
-        wanted_pool=wanted_pool(pod, settings.pool_label),
+        namespace=request.namespace,
+        name=request.name,
+        phase=request.phase,
+        gpus=0.0 if request.placeholder else request.gpu_demand,
+        node=request.node,
+        wanted_pool=request.wanted_pool,
     )
 
 
 def pool_demand(nodes: Iterable[GpuNode], pods: Iterable[GpuPod]) -> list[PoolDemand]:
     """Demand and capacity per pool; every pool that has nodes or is wanted appears."""
     by_node = {node.name: node for node in nodes}
-    running: dict[str, int] = {}
-    pending: dict[str, int] = {}
+    running: dict[str, float] = {}
+    pending: dict[str, float] = {}
     for pod in pods:
         if pod.gpus == 0 or pod.phase not in ("Running", "Pending"):
             continue
         node = by_node.get(pod.node) if pod.node else None
         pool = node.pool if node is not None else pod.wanted_pool or UNPOOLED
         target = running if pod.phase == "Running" else pending
-        target[pool] = target.get(pool, 0) + pod.gpus
+        target[pool] = target.get(pool, 0.0) + pod.gpus
     pools = sorted({n.pool for n in by_node.values()} | set(running) | set(pending))
     out = []
     for pool in pools:
@@ -199,8 +147,8 @@ def pool_demand(nodes: Iterable[GpuNode], pods: Iterable[GpuPod]) -> list[PoolDe
         out.append(
             PoolDemand(
                 pool=pool,
-                running=running.get(pool, 0),
-                pending=pending.get(pool, 0),
+                running=running.get(pool, 0.0),
+                pending=pending.get(pool, 0.0),
                 capacity=sum(n.allocatable_gpus for n in members if n.schedulable),
                 nodes=len(members),
                 gpu_model=",".join(sorted({n.gpu_model for n in members if n.gpu_model})),
@@ -342,9 +290,16 @@ class KubernetesSource(Source):
         self.settings = settings
         self._client = client or api_client(settings)
         core = k8s.CoreV1Api(self._client)
-        self.nodes = Informer("nodes", core.list_node, lambda n: parse_node(n, settings), settings)
+        names = kube_names(settings)
+        as_json = self._client.sanitize_for_serialization
+        self.nodes = Informer(
+            "nodes", core.list_node, lambda n: parse_node(as_json(n), names), settings
+        )
         self.pods = Informer(
-            "pods", core.list_pod_for_all_namespaces, lambda p: parse_pod(p, settings), settings
+            "pods",
+            core.list_pod_for_all_namespaces,
+            lambda p: parse_pod(as_json(p), names),
+            settings,
         )
         self._stop = threading.Event()
         self._threads: list[threading.Thread] = []

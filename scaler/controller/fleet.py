@@ -18,7 +18,7 @@ from datetime import datetime
 
 from kubernetes import client as k8s
 
-from predictor.telemetry.kubernetes import pod_gpus, wanted_pool
+from predictor.telemetry.kube_objects import KubeNames, read_pod
 from scaler.kube.errors import API_ERRORS, kube_error
 from scaler.kube.nodes import (
     CORDONED_BY_GPUSCALE,
@@ -132,6 +132,7 @@ def observe_fleet(
         }
         return FleetView(nodes, targets)
 
+    names = KubeNames(gpu_resource=gpu_resource, pool_label=pool_label)
     core = k8s.CoreV1Api(api)
     try:
         kube_nodes = core.list_node().items
@@ -155,7 +156,8 @@ def observe_fleet(
     for pod in pods:
         if is_placeholder(pod) or goes_with_node(pod) or has_finished(pod):
             continue
-        gpus = pod_gpus(pod, gpu_resource)
+        request = read_pod(api.sanitize_for_serialization(pod), names)
+        gpus = request.gpus
         node = pod.spec.node_name
         if node:
             movable[node] = movable.get(node, 0) + 1
@@ -163,7 +165,7 @@ def observe_fleet(
                 gpu_pods[node] = gpu_pods.get(node, 0) + 1
             pool = pool_of_kube.get(node)
         else:
-            pool = wanted_pool(pod, pool_label)
+            pool = request.wanted_pool
         if gpus and pool in used:
             used[pool] += gpus
 

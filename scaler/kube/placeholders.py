@@ -24,14 +24,13 @@ from typing import Any
 from kubernetes import client as k8s
 from pydantic import BaseModel, ConfigDict, Field
 
+from predictor.telemetry.kube_objects import KUBE_NAMES
 from scaler.kube.errors import API_ERRORS, KubeError, Refusal, kube_call, kube_error
 
-MANAGED_BY = "app.kubernetes.io/managed-by"
-COMPONENT = "app.kubernetes.io/component"
-POOL = "gpuscale.io/pool"
+POOL = KUBE_NAMES.pool_label
 SPEC_HASH = "gpuscale.io/spec-hash"
-PLACEHOLDER_LABELS = {MANAGED_BY: "gpuscale", COMPONENT: "placeholder"}
-PLACEHOLDER_SELECTOR = ",".join(f"{k}={v}" for k, v in PLACEHOLDER_LABELS.items())
+PLACEHOLDER_LABELS = dict(KUBE_NAMES.placeholder_labels)
+PLACEHOLDER_SELECTOR = KUBE_NAMES.placeholder_selector
 _DNS_LABEL = r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?$"
 
 
@@ -42,7 +41,7 @@ class PlaceholderSettings(BaseModel):
     priority_class: str = Field(default="gpuscale-placeholder", min_length=1)
     priority: int = Field(default=-10, lt=0, description="below every real workload's")
     image: str = "registry.k8s.io/pause:3.10"
-    gpu_resource: str = "nvidia.com/gpu"
+    gpu_resource: str = KUBE_NAMES.gpu_resource
     node_pool_label: str = Field(default=POOL, description="node label naming the pool")
     cpu_milli: int = Field(default=10, ge=0)
     memory_mib: int = Field(default=16, ge=0)

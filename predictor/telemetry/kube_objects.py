@@ -1,0 +1,339 @@
+"""Kubernetes objects as gpuscale reads them: one set of names, one reading of a pod and a node.
+
+Where Kubernetes carries what gpuscale needs (the GPU resource, the GPU model label, the
+GPU-share and GPU-index annotations, the pool label, the placeholder labels) is said once,
+in `KubeNames`. What a pod asks (whole GPUs and the share of each, CPU, memory, priority,
+the pool it wants, whether it is one of gpuscale's placeholders, whether it goes with its
+node, whether it has finished) is read once, by `read_pod`; a node's capacity and
+scheduling attributes by `read_node`. Telemetry counts demand from these readings and the
+scaler turns them into the placement engine's jobs and nodes (scaler.kube.objects), so the
+demand series, the live loop, the service and the extender agree on every pod.
+
+Both readings take an object in its JSON form: what the API server sends (and the
+scheduler extender receives), what `ApiClient.sanitize_for_serialization` makes of the
+client's models, or a pydantic model of that JSON (dumped by alias).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass
+from decimal import Decimal
+from typing import Any
+
+from kubernetes.utils import parse_quantity
+
+WHOLE_GPU_MILLI = 1000  # a GPU's share in thousandths (scaler.cluster.job's unit)
+MIRROR_ANNOTATION = "kubernetes.io/config.mirror"  # static pods the kubelet runs
+FINISHED_PHASES = ("Succeeded", "Failed")
+MIB = 2**20
+
+
+@dataclass(frozen=True)
+class KubeNames:
+    """Where Kubernetes objects carry what gpuscale needs; the defaults are the usual ones
+    (NVIDIA's device plugin and GPU feature discovery, gpuscale's own annotations)."""
+
+    gpu_resource: str = "nvidia.com/gpu"
+    gpu_model_label: str = "nvidia.com/gpu.product"
+    gpu_milli_annotation: str = "gpuscale.io/gpu-milli"  # pod: share of its one GPU, 1..1000
+    gpus_annotation: str = "gpuscale.io/gpus"  # pod: the GPU indices its bind chose
+    pool_label: str = "gpuscale.io/pool"  # node: its pool; pod selector: the pool it wants
+    placeholder_labels: tuple[tuple[str, str], ...] = (
+        ("app.kubernetes.io/managed-by", "gpuscale"),
+        ("app.kubernetes.io/component", "placeholder"),
+    )
+
+    def is_placeholder(self, labels: Mapping[str, str]) -> bool:
+        """gpuscale's placeholder pods hold capacity ahead of demand; counted as demand,
+        they would make the scaler chase its own headroom."""
+        return all(labels.get(k) == v for k, v in self.placeholder_labels)
+
+    @property
+    def placeholder_selector(self) -> str:
+        return ",".join(f"{k}={v}" for k, v in self.placeholder_labels)
+
+
+KUBE_NAMES = KubeNames()
+
+
+@dataclass(frozen=True, slots=True)
+class Taint:
+    key: str
+    value: str | None
+    effect: str
+
+    @property
+    def text(self) -> str:
+        """`key=value:Effect`, as the placement engine names taints."""
+        return f"{self.key}={self.value or ''}:{self.effect}"
+
+    @classmethod
+    def from_text(cls, text: str) -> Taint:
+        rest, _, effect = text.rpartition(":")
+        key, _, value = rest.partition("=")
+        return cls(key=key, value=value or None, effect=effect)
+
+
+@dataclass(frozen=True, slots=True)
+class Toleration:
+    key: str | None = None
+    operator: str | None = None  # Equal (the default) or Exists
+    value: str | None = None
+    effect: str | None = None
+
+    def tolerates(self, taint: Any) -> bool:
+        """Kubernetes' rule: an empty key with Exists tolerates every taint; an empty
+        effect matches every effect; Exists ignores the value. `taint` is anything with
+        key, value and effect."""
+        if self.effect and self.effect != taint.effect:
+            return False
+        if not self.key:
+            return self.operator == "Exists"
+        if self.key != taint.key:
+            return False
+        if self.operator == "Exists":
+            return True
+        return (self.value or "") == (taint.value or "")
+
+
+@dataclass(frozen=True, slots=True)
+class PodRequest:
+    """What one pod asks of the cluster, and what kind of pod it is."""
+
+    namespace: str
+    name: str
+    phase: str
+    node: str | None  # the node it is bound to
+    gpus: int  # devices of the GPU resource
+    gpu_milli: int  # share of each GPU in thousandths (1000: whole; 0: no GPU)
+    cpu_milli: int
+    memory_mib: int
+    priority: int
+    node_selector: tuple[tuple[str, str], ...]  # node labels it requires
+    wanted_pool: str | None  # the pool it asks for, None: any (see `wanted_pool`)
+    tolerations: tuple[Toleration, ...]
+    placeholder: bool
+    goes_with_node: bool  # a DaemonSet or mirror pod: never evicted, ends with its node
+    gpu_indices: tuple[int, ...] | None  # from the GPU index annotation, if readable
+    share_problem: str | None = None  # a GPU-share annotation that is no share (read whole)
+
+    @property
+    def id(self) -> str:
+        return f"{self.namespace}/{self.name}"
+
+    @property
+    def finished(self) -> bool:
+        return self.phase in FINISHED_PHASES
+
+    @property
+    def gpu_demand(self) -> float:
+        """GPUs it takes, a shared GPU counted as its share."""
+        return self.gpus * self.gpu_milli / WHOLE_GPU_MILLI
+
+
+@dataclass(frozen=True, slots=True)
+class NodeFacts:
+    """What one node offers, and its scheduling state."""
+
+    name: str
+    labels: Mapping[str, str]
+    annotations: Mapping[str, str]
+    cpu_milli: int
+    memory_mib: int
+    gpus: int
+    gpu_model: str
+    pool: str | None
+    taints: tuple[Taint, ...]
+    unschedulable: bool  # cordoned
+    ready: bool
+    provider_id: str | None
+
+
+def as_json(obj: Any) -> Mapping[str, Any]:
+    """The JSON form of a Kubernetes object given as JSON or as a pydantic model of it."""
+    if isinstance(obj, Mapping):
+        return obj
+    dump = getattr(obj, "model_dump", None)
+    if callable(dump):
+        return dump(mode="json", by_alias=True)
+    raise TypeError(f"not a Kubernetes object in JSON form: {type(obj).__name__}")
+
+
+def _map(value: Any) -> Mapping[str, Any]:
+    return value if isinstance(value, Mapping) else {}
+
+
+def _list(value: Any) -> list[Any]:
+    return value if isinstance(value, list) else []
+
+
+def _amount(container: Mapping[str, Any], resource: str) -> Decimal:
+    resources = _map(container.get("resources"))
+    # Only a limit given means a request of the limit (extended resources are often
+    # given as a limit only).
+    for table in (resources.get("requests"), resources.get("limits")):
+        table = _map(table)
+        if table.get(resource) is not None:
+            return Decimal(parse_quantity(table[resource]))
+    return Decimal(0)
+
+
+def pod_requests(spec: Mapping[str, Any], resource: str) -> Decimal:
+    """A pod's request of one resource: its containers together, or its largest init
+    container if more (init containers run one at a time, before the others)."""
+    main = sum((_amount(c, resource) for c in _list(spec.get("containers"))), Decimal(0))
+    init = max((_amount(c, resource) for c in _list(spec.get("initContainers"))), default=0)
+    return max(main, Decimal(init))
+
+
+def _pools_named(expressions: Iterable[Any], pool_label: str) -> list[str]:
+    for expr in expressions:
+        expr = _map(expr)
+        if expr.get("key") == pool_label and expr.get("operator") == "In" and expr.get("values"):
+            return [str(v) for v in expr["values"]]
+    return []
+
+
+def _required_pools(spec: Mapping[str, Any], pool_label: str) -> list[list[str]] | None:
+    """The pools each required node-affinity term allows ([] for a term that names none),
+    or None without required node affinity."""
+    affinity = _map(_map(spec.get("affinity")).get("nodeAffinity"))
+    required = affinity.get("requiredDuringSchedulingIgnoredDuringExecution")
+    if not isinstance(required, Mapping):
+        return None
+    terms = _list(required.get("nodeSelectorTerms"))
+    return [_pools_named(_list(_map(t).get("matchExpressions")), pool_label) for t in terms]
+
+
+def wanted_pool(spec: Mapping[str, Any], pool_label: str) -> str | None:
+    """The pool a pod asks for: its nodeSelector, then required node affinity (`In` on the
+    pool label, the first value of the first term, when every term names a pool: a term
+    without one lets the pod go anywhere), then the heaviest preferred term. One pool per
+    pod, so demand per pool adds up to the cluster's."""
+    selector = _map(spec.get("nodeSelector"))
+    if selector.get(pool_label):
+        return str(selector[pool_label])
+    required = _required_pools(spec, pool_label)
+    if required:
+        return required[0][0] if all(required) else None
+    affinity = _map(_map(spec.get("affinity")).get("nodeAffinity"))
+    preferred = sorted(
+        (_map(t) for t in _list(affinity.get("preferredDuringSchedulingIgnoredDuringExecution"))),
+        key=lambda term: -(term.get("weight") or 0),
+    )
+    for term in preferred:
+        expressions = _list(_map(term.get("preference")).get("matchExpressions"))
+        pools = _pools_named(expressions, pool_label)
+        if pools:
+            return pools[0]
+    return None
+
+
+def _node_selector(spec: Mapping[str, Any], pool_label: str) -> dict[str, str]:
+    """The node labels a pod requires: its nodeSelector, plus the pool when its required
+    node affinity allows exactly one (the same constraint, written the other way)."""
+    selector = {str(k): str(v) for k, v in _map(spec.get("nodeSelector")).items()}
+    required = _required_pools(spec, pool_label)
+    if pool_label not in selector and required and all(required):
+        pools = {p for term in required for p in term}
+        if len(pools) == 1:
+            selector[pool_label] = pools.pop()
+    return selector
+
+
+def _share(gpus: int, annotations: Mapping[str, Any], names: KubeNames) -> tuple[int, str | None]:
+    """The share of each GPU, and why the annotation was not used when it was given but is
+    no share. The annotation applies to a pod of one GPU only."""
+    if gpus == 0:
+        return 0, None
+    asked = annotations.get(names.gpu_milli_annotation)
+    if gpus != 1 or asked is None:
+        return WHOLE_GPU_MILLI, None
+    try:
+        share = int(str(asked))
+    except ValueError:
+        share = -1
+    if 0 < share <= WHOLE_GPU_MILLI:
+        return share, None
+    return WHOLE_GPU_MILLI, (
+        f"annotation {names.gpu_milli_annotation} must be 1..{WHOLE_GPU_MILLI}, got {asked!r}"
+    )
+
+
+def _indices(text: Any) -> tuple[int, ...] | None:
+    if not text:
+        return None
+    try:
+        return tuple(int(part) for part in str(text).split(","))
+    except ValueError:
+        return None
+
+
+def read_pod(pod: Any, names: KubeNames = KUBE_NAMES) -> PodRequest:
+    """What `pod` (JSON form, see the module docstring) asks, and what kind of pod it is."""
+    obj = as_json(pod)
+    meta = _map(obj.get("metadata"))
+    spec = _map(obj.get("spec"))
+    status = _map(obj.get("status"))
+    labels = _map(meta.get("labels"))
+    annotations = _map(meta.get("annotations"))
+    owners = _list(meta.get("ownerReferences"))
+    gpus = int(pod_requests(spec, names.gpu_resource))
+    share, problem = _share(gpus, annotations, names)
+    return PodRequest(
+        namespace=str(meta.get("namespace") or "default"),
+        name=str(meta.get("name") or ""),
+        phase=str(status.get("phase") or "Pending"),
+        node=spec.get("nodeName") or None,
+        gpus=gpus,
+        gpu_milli=share,
+        cpu_milli=int(pod_requests(spec, "cpu") * 1000),
+        memory_mib=int(pod_requests(spec, "memory") / MIB),
+        priority=int(spec.get("priority") or 0),
+        node_selector=tuple(sorted(_node_selector(spec, names.pool_label).items())),
+        wanted_pool=wanted_pool(spec, names.pool_label),
+        tolerations=tuple(
+            Toleration(t.get("key"), t.get("operator"), t.get("value"), t.get("effect"))
+            for t in map(_map, _list(spec.get("tolerations")))
+        ),
+        placeholder=names.is_placeholder(labels),
+        goes_with_node=MIRROR_ANNOTATION in annotations
+        or any(_map(o).get("kind") == "DaemonSet" for o in owners),
+        gpu_indices=_indices(annotations.get(names.gpus_annotation)),
+        share_problem=problem,
+    )
+
+
+def read_node(node: Any, names: KubeNames = KUBE_NAMES) -> NodeFacts:
+    """What `node` (JSON form) offers: its allocatable resources (its capacity where it
+    reports none), labels, taints and whether it is ready and schedulable."""
+    obj = as_json(node)
+    meta = _map(obj.get("metadata"))
+    spec = _map(obj.get("spec"))
+    status = _map(obj.get("status"))
+    offered = _map(status.get("allocatable")) or _map(status.get("capacity"))
+    labels = {str(k): str(v) for k, v in _map(meta.get("labels")).items()}
+
+    def amount(resource: str) -> Decimal:
+        value = offered.get(resource)
+        return Decimal(parse_quantity(value)) if value is not None else Decimal(0)
+
+    conditions = map(_map, _list(status.get("conditions")))
+    return NodeFacts(
+        name=str(meta.get("name") or ""),
+        labels=labels,
+        annotations={str(k): str(v) for k, v in _map(meta.get("annotations")).items()},
+        cpu_milli=int(amount("cpu") * 1000),
+        memory_mib=int(amount("memory") / MIB),
+        gpus=int(amount(names.gpu_resource)),
+        gpu_model=labels.get(names.gpu_model_label, ""),
+        pool=labels.get(names.pool_label),
+        taints=tuple(
+            Taint(str(t.get("key") or ""), t.get("value"), str(t.get("effect") or ""))
+            for t in map(_map, _list(spec.get("taints")))
+        ),
+        unschedulable=bool(spec.get("unschedulable")),
+        ready=any(c.get("type") == "Ready" and c.get("status") == "True" for c in conditions),
+        provider_id=spec.get("providerID") or None,
+    )
