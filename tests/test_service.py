@@ -23,13 +23,13 @@ from live_fixtures import pool
 from predictor.telemetry.store import TelemetryStore
 from scaler.controller.config import LiveConfig
 from scaler.controller.system import LiveSystem
+from scaler.kube.objects import KubeNames, node_spec, parse_taint, pod_job
 from scaler.placement import ClusterState, Job, NodeSpec, Placement, make_policy, place
 from scaler.placement.engine import commit
 from scaler.service import create_app
 from scaler.service.cluster import LiveCluster, workload_mix
 from scaler.service.context import on_engine
 from scaler.service.models import KubeNode, KubePod
-from scaler.service.scheduling import KubeNames, node_spec, parse_taint, pod_job
 
 with warnings.catch_warnings():
     warnings.simplefilter("ignore")  # starlette's note about httpx versions

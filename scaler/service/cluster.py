@@ -23,6 +23,7 @@ from kubernetes import client as k8s
 from scaler.controller.config import MixShape
 from scaler.controller.system import LiveSystem
 from scaler.kube.errors import KubeError, Refusal, kube_call
+from scaler.kube.objects import KubeNames, gpus_of, node_spec, pod_job
 from scaler.placement import (
     ClusterState,
     Job,
@@ -37,7 +38,6 @@ from scaler.placement import (
 )
 from scaler.placement.policies.base import best_fit_gpus
 from scaler.service.models import KubeNode, KubePod
-from scaler.service.scheduling import KubeNames, gpus_of, node_spec, pod_job
 
 POD_CACHE = 4096  # pods remembered between filter and bind (the scheduler's in flight)
 

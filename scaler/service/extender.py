@@ -6,6 +6,7 @@ from kubernetes import client as k8s
 
 from predictor.foundation.errors import InputError
 from scaler.kube.errors import KubeError, kube_call
+from scaler.kube.objects import parse_taint, pod_job, taint_text
 from scaler.placement import Job, Placement
 from scaler.service.cluster import LiveCluster
 from scaler.service.models import (
@@ -15,14 +16,7 @@ from scaler.service.models import (
     ExtenderFilterResult,
     HostPriority,
 )
-from scaler.service.scheduling import (
-    filter_nodes,
-    parse_taint,
-    place_on,
-    pod_job,
-    rank,
-    taint_text,
-)
+from scaler.service.scheduling import filter_nodes, place_on, rank
 
 
 class Extender:
