@@ -7,6 +7,8 @@ resourceVersion (410 Gone once it has been compacted), PUT checks optimistic con
 PATCH takes merge, strategic-merge (treated as merge) and JSON patches, pods have a
 `status`, `eviction` and `binding` subresources, and leases live in
 coordination.k8s.io/v1. Resources are declared in one table, so another kind is a line.
+Set `faults` (an `ApiFaults`) and requests over HTTP fail now and then: 500s, and answers
+held past the client's timeout.
 
 Tests drive it two ways: through the client, as the product does, and directly
 (`create`, `patch`, `delete`, `get`, `objects`) to play the rest of the cluster.
@@ -18,11 +20,13 @@ import contextlib
 import copy
 import itertools
 import json
+import random
 import socket
 import threading
 import uuid
+from collections import Counter
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from http import HTTPStatus
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
@@ -83,6 +87,39 @@ def status_object(code: int, reason: str, message: str) -> Obj:
         "reason": reason,
         "code": code,
     }
+
+
+@dataclass
+class ApiFaults:
+    """Faults injected into requests made over HTTP (watches, and tests' direct calls, are
+    left alone), drawn per request from a seeded generator. `error_rate`: answer 500 without
+    acting. `timeout_rate`: hold the answer for `hold_s` (set it past the client's timeout)
+    and then drop the connection; for `applied_share` of these the request took effect
+    first, as when an answer is lost on the way back. `injected` counts them by kind."""
+
+    error_rate: float = 0.0
+    timeout_rate: float = 0.0
+    applied_share: float = 0.0
+    hold_s: float = 1.0
+    seed: int = 0
+    injected: Counter[str] = field(default_factory=Counter)
+
+    def __post_init__(self) -> None:
+        self._rng = random.Random(self.seed)
+        self._lock = threading.Lock()  # handler threads draw; one sequence per seed
+
+    def draw(self) -> str | None:
+        """None, "error", "timeout" (not acted on) or "answer_lost" (acted on)."""
+        with self._lock:
+            x = self._rng.random()
+            if x < self.error_rate:
+                kind = "error"
+            elif x < self.error_rate + self.timeout_rate:
+                kind = "answer_lost" if self._rng.random() < self.applied_share else "timeout"
+            else:
+                return None
+            self.injected[kind] += 1
+            return kind
 
 
 @dataclass(frozen=True)
@@ -192,6 +229,8 @@ class FakeKube:
         self._connections: set[socket.socket] = set()
         self._generation = 0  # bumped by expire_watches(): open watches end
         self.eviction_policy: EvictionPolicy = lambda pod: None
+        self.faults: ApiFaults | None = None
+        self._released = threading.Event()  # set at stop(): held answers end
         self.requests: list[tuple[str, str]] = []  # (method, path?query) as received
         self._server: ThreadingHTTPServer | None = None
         self._thread: threading.Thread | None = None
@@ -209,6 +248,7 @@ class FakeKube:
         return self
 
     def stop(self) -> None:
+        self._released.set()
         with self._changed:
             self._closing = True
             self._changed.notify_all()
@@ -434,6 +474,7 @@ class _Handler(BaseHTTPRequestHandler):
     protocol_version = "HTTP/1.1"
     disable_nagle_algorithm = True  # headers and body are two writes: no 40 ms delayed ACK
     kube: FakeKube
+    _lose_answer: float | None = None  # set per request: act, then hold the answer this long
 
     def setup(self) -> None:
         super().setup()
@@ -474,7 +515,30 @@ class _Handler(BaseHTTPRequestHandler):
         length = int(self.headers.get("Content-Length") or 0)
         return json.loads(self.rfile.read(length) or b"null")
 
+    def _inject(self, faults: ApiFaults) -> bool:
+        """Draw a fault for this request and apply it; True when the request ends here."""
+        fault = faults.draw()
+        if fault == "error":
+            self.rfile.read(int(self.headers.get("Content-Length") or 0))  # keep-alive
+            self._send(500, status_object(500, "InternalError", "injected fault"))
+            return True
+        if fault == "timeout":
+            self._hold(faults.hold_s)
+            return True
+        if fault == "answer_lost":
+            self._lose_answer = faults.hold_s
+        return False
+
+    def _hold(self, seconds: float) -> None:
+        """Answer nothing for `seconds`, then drop the connection (a timeout, as the client
+        sees it)."""
+        self.kube._released.wait(seconds)
+        self.close_connection = True
+
     def _send(self, code: int, payload: Obj) -> None:
+        if self._lose_answer is not None:
+            self._hold(self._lose_answer)
+            return
         data = json.dumps(payload).encode()
         self.send_response(code)
         self.send_header("Content-Type", "application/json")
@@ -484,12 +548,17 @@ class _Handler(BaseHTTPRequestHandler):
 
     def _handle(self, method: str) -> None:
         self.kube.requests.append((method, self.path))
+        self._lose_answer = None
         try:
             kind, namespace, name, sub, query = self._route()
             ns = namespace or ""
+            # Go's ParseBool: older clients send "True".
+            watching = query.get("watch") in ("1", "t", "T", "true", "TRUE", "True")
+            faults = self.kube.faults
+            if faults is not None and not watching and self._inject(faults):
+                return
             if method == "GET" and name is None:
-                # Go's ParseBool: older clients send "True".
-                if query.get("watch") in ("1", "t", "T", "true", "TRUE", "True"):
+                if watching:
                     self._watch(kind, namespace, query)
                     return
                 items, rv = self.kube.list_state(

@@ -121,6 +121,24 @@ class SimulatedCloud:
         self.events.extend(happened)
         return happened
 
+    # Faults ----------------------------------------------------------------------
+    def reconfigure(self, **changes: object) -> None:
+        """Change how launches go from now on (`launch_failure_rate`, `boot_jitter_seconds`,
+        `capacity`, ...), as a failing zone or a slow image does for a while: nodes launched
+        later draw from the new settings, nodes already launched keep what they drew, and
+        the random generator goes on from where it was (the seed is not re-read)."""
+        self.config = type(self.config).model_validate(self.config.model_dump() | changes)
+
+    def interrupt(self, name: str) -> CloudEvent:
+        """Reclaim a node now, as a spot interruption does, whatever time its launch drew."""
+        group = self.node_group_for(name)
+        if group is None:
+            raise ProviderError(f"no node {name} to interrupt")
+        del self._instances[group.id()][name]
+        event = CloudEvent(self._now, group.id(), name, "interrupted")
+        self.events.append(event)
+        return event
+
     # Used by the groups -----------------------------------------------------------
     def _launch(self, pool: NodePool, count: int) -> None:
         limit = self.config.capacity.get(pool.name)
