@@ -26,6 +26,7 @@ from __future__ import annotations
 
 import re
 import socket
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Literal
 
@@ -40,8 +41,11 @@ from pydantic import (
 from predictor.foundation.config_files import FileSettings, load_model
 from predictor.foundation.errors import InputError
 from predictor.telemetry.config import KubernetesSettings
+from predictor.telemetry.kube_objects import KUBE_NAMES, KubeNames
+from scaler.cluster.job import Job
 from scaler.cluster.pools import NodePool
 from scaler.kube.placeholders import PlaceholderSettings
+from scaler.placement.mix import WorkloadMix
 from scaler.planning.planner import PlannerPolicy
 from scaler.providers.aws import AwsSettings
 from scaler.providers.simulated import SimulatedCloudConfig
@@ -94,15 +98,44 @@ class KubernetesSection(KubernetesSettings):
     drain: DrainSection = DrainSection()
     pre_position: bool = Field(default=True, description="keep placeholder pods for headroom")
     placeholder_gpus: int | None = Field(
-        default=None, gt=0, description="GPUs per placeholder (default: a whole node's)"
+        default=None,
+        gt=0,
+        description="GPUs of every placeholder (at most a node's); none: placeholders shaped"
+        " like the jobs of placement.mix, packed onto the room the plan provides",
     )
     placeholders: PlaceholderSettings = PlaceholderSettings()
     gpu_milli_annotation: str = Field(
-        default="gpuscale.io/gpu-milli", description="pod annotation asking a GPU share"
+        default=KUBE_NAMES.gpu_milli_annotation, description="pod annotation asking a GPU share"
     )
     gpus_annotation: str = Field(
-        default="gpuscale.io/gpus", description="pod annotation recording its GPU indices"
+        default=KUBE_NAMES.gpus_annotation,
+        description="pod annotation recording its GPU indices",
     )
+
+    @model_validator(mode="after")
+    def _placeholders_follow_the_cluster(self) -> KubernetesSection:
+        # Placeholders select the pool and ask the GPU resource the cluster names, unless
+        # their own section says otherwise.
+        follow = {"node_pool_label": self.pool_label, "gpu_resource": self.gpu_resource}
+        update = {k: v for k, v in follow.items() if k not in self.placeholders.model_fields_set}
+        if update:
+            object.__setattr__(self, "placeholders", self.placeholders.model_copy(update=update))
+        return self
+
+    def names(self) -> KubeNames:
+        """Where this cluster's objects carry what gpuscale needs."""
+        return KubeNames(
+            gpu_resource=self.gpu_resource,
+            gpu_model_label=self.gpu_model_label,
+            gpu_milli_annotation=self.gpu_milli_annotation,
+            gpus_annotation=self.gpus_annotation,
+            pool_label=self.pool_label,
+        )
+
+
+def kube_names(section: KubernetesSection | None) -> KubeNames:
+    """The configured object conventions; the defaults without a `kubernetes` section."""
+    return section.names() if section is not None else KUBE_NAMES
 
 
 class DemandGroup(_Section):
@@ -177,6 +210,27 @@ class MixShape(_Section):
     gpu_milli: int = Field(default=1000, ge=0, le=1000)
     gpu_models: tuple[str, ...] = ()
     weight: int = Field(default=1, ge=1)
+
+
+def mix_jobs(shapes: Sequence[MixShape]) -> list[Job]:
+    """The configured typical job shapes as jobs, each repeated by its weight."""
+    return [
+        Job(
+            id=f"mix-{i}-{k}",
+            cpu_milli=s.cpu_milli,
+            memory_mib=s.memory_mib,
+            num_gpu=s.num_gpu,
+            gpu_milli=s.gpu_milli if s.num_gpu else 0,
+            gpu_models=frozenset(s.gpu_models),
+        )
+        for i, s in enumerate(shapes)
+        for k in range(s.weight)
+    ]
+
+
+def workload_mix(shapes: Sequence[MixShape]) -> WorkloadMix:
+    """The configured job shapes as the fragmentation policies' view of the workload."""
+    return WorkloadMix.from_jobs(mix_jobs(shapes))
 
 
 DEFAULT_MIX: tuple[MixShape, ...] = (

@@ -20,7 +20,7 @@ from http import HTTPStatus
 
 from kubernetes import client as k8s
 
-from scaler.controller.config import MixShape
+from scaler.controller.config import workload_mix
 from scaler.controller.system import LiveSystem
 from scaler.kube.errors import KubeError, Refusal, kube_call
 from scaler.kube.objects import KubeNames, gpus_of, node_spec, pod_job
@@ -30,7 +30,6 @@ from scaler.placement import (
     NodeSpec,
     Placement,
     Unschedulable,
-    WorkloadMix,
     commit,
     make_policy,
     place,
@@ -40,23 +39,6 @@ from scaler.placement.policies.base import best_fit_gpus
 from scaler.service.models import KubeNode, KubePod
 
 POD_CACHE = 4096  # pods remembered between filter and bind (the scheduler's in flight)
-
-
-def workload_mix(shapes: Sequence[MixShape]) -> WorkloadMix:
-    """The configured typical job shapes, each repeated by its weight, as the fragmentation
-    policies' view of the workload."""
-    return WorkloadMix.from_jobs(
-        Job(
-            id=f"mix-{i}-{k}",
-            cpu_milli=s.cpu_milli,
-            memory_mib=s.memory_mib,
-            num_gpu=s.num_gpu,
-            gpu_milli=s.gpu_milli if s.num_gpu else 0,
-            gpu_models=frozenset(s.gpu_models),
-        )
-        for i, s in enumerate(shapes)
-        for k in range(s.weight)
-    )
 
 
 @dataclass(frozen=True)
