@@ -355,3 +355,23 @@ def test_a_pool_named_twice_or_badly_is_refused(fake: FakeKube) -> None:
     with pytest.raises(KubeError, match="twice"):
         Placeholders(client_for(fake), SETTINGS).reconcile(twice)
     assert placeholder_pods(fake) == {}
+
+
+def test_a_pool_holds_placeholders_of_several_sizes_largest_first(fake: FakeKube) -> None:
+    placeholders = Placeholders(client_for(fake), SETTINGS)
+    desired = [
+        PlaceholderDemand(pool="a100", count=2, gpus=1),
+        PlaceholderDemand(pool="a100", count=1, gpus=4),
+    ]
+    changes = placeholders.reconcile(desired)
+    assert changes.created == tuple(placeholder_name("a100", i) for i in range(3))
+    gpus = {
+        name: p["spec"]["containers"][0]["resources"]["requests"]["nvidia.com/gpu"]
+        for name, p in placeholder_pods(fake).items()
+    }
+    assert gpus == {
+        placeholder_name("a100", 0): "4",
+        placeholder_name("a100", 1): "1",
+        placeholder_name("a100", 2): "1",
+    }
+    assert placeholders.reconcile(list(reversed(desired))).empty  # the order given is no matter

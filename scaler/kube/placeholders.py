@@ -6,10 +6,11 @@ workload's (value -10, and it never preempts anything itself), so kube-scheduler
 the moment a real job needs its GPUs, and the job starts on a node that is already up.
 
 `Placeholders.reconcile` makes the cluster match a desired spec, idempotently: placeholder
-names are fixed by pool and index (`gpuscale-placeholder-<pool>-<i>`) and each pod carries a
-hash of its spec, so a second run, or a run by a restarted process, finds nothing to do;
-missing placeholders (never made, or preempted) are created, surplus ones deleted, and ones
-whose size changed are replaced (a pod's requests cannot be changed in place).
+names are fixed by pool and index (`gpuscale-placeholder-<pool>-<i>`, largest first) and
+each pod carries a hash of its spec, so a second run, or a run by a restarted process,
+finds nothing to do; missing placeholders (never made, or preempted) are created, surplus
+ones deleted, and ones whose size changed are replaced (a pod's requests cannot be changed
+in place).
 """
 
 from __future__ import annotations
@@ -48,7 +49,8 @@ class PlaceholderSettings(BaseModel):
 
 
 class PlaceholderDemand(BaseModel):
-    """How many placeholders of how many GPUs each to keep in one pool."""
+    """How many placeholders of how many GPUs each to keep in one pool (a pool may have
+    placeholders of several sizes, one demand each)."""
 
     model_config = ConfigDict(frozen=True, extra="forbid")
 
@@ -158,14 +160,19 @@ class Placeholders:
         return {pod.metadata.name: pod for pod in pods.items}
 
     def reconcile(self, desired: Sequence[PlaceholderDemand]) -> PlaceholderChanges:
-        pools = [d.pool for d in desired]
-        if len(set(pools)) != len(pools):
-            raise KubeError("a pool appears twice in the placeholder spec")
+        kinds = [(d.pool, d.gpus) for d in desired]
+        if len(set(kinds)) != len(kinds):
+            raise KubeError("a pool and size appear twice in the placeholder spec")
         self.ensure_priority_class()
+        # A pool's placeholders are numbered largest first, so the same sizes always give
+        # the same names and a pass that changes nothing writes nothing.
+        sizes: dict[str, list[int]] = {}
+        for d in sorted(desired, key=lambda d: (d.pool, -d.gpus)):
+            sizes.setdefault(d.pool, []).extend([d.gpus] * d.count)
         wanted = {
-            placeholder_name(d.pool, i): placeholder_pod(self.settings, d.pool, i, d.gpus)
-            for d in desired
-            for i in range(d.count)
+            placeholder_name(pool, i): placeholder_pod(self.settings, pool, i, gpus)
+            for pool, held in sizes.items()
+            for i, gpus in enumerate(held)
         }
         existing = self.current()
         created: list[str] = []
