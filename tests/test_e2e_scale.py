@@ -136,6 +136,7 @@ def test_demand_up_scales_the_group_and_pre_positions_then_down_drains_and_shrin
             "drain": {"timeout_s": 0.3, "poll_s": 0.05, "unremovable_s": 600},
         },
         lease={"identity": "e2e", "duration_s": 5, "renew_deadline_s": 4, "retry_s": 1},
+        placement={"mix": [{"num_gpu": 8}]},  # whole-node jobs: placeholders of 8 GPUs
     )
 
     # One training pod: the forecast sees 8 GPUs.
@@ -154,7 +155,7 @@ def test_demand_up_scales_the_group_and_pre_positions_then_down_drains_and_shrin
     assert up["plan"]["final_desired"] == {"a100": 5}
     assert asg.desired == 5 and len(asg.in_service()) == 5
     placeholders = fake.objects("pods", "gpuscale-system")
-    assert len(placeholders) == 4  # 5 nodes x 8 GPUs - 8 held by train-0, in whole nodes
+    assert len(placeholders) == 4  # the mix packed onto 5 nodes, train-0's aside
     for pod in placeholders:
         assert pod["spec"]["nodeSelector"] == {"gpuscale.io/pool": "a100"}
         assert pod["spec"]["priorityClassName"] == "gpuscale-placeholder"

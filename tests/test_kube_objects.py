@@ -166,3 +166,63 @@ def test_the_names_are_configurable_in_one_place() -> None:
     job = pod_job(pod, names)
     assert (job.num_gpu, job.node_selector) == (2, (("karpenter.sh/nodepool", "mi300"),))
     assert read_pod(pod, names).wanted_pool == "mi300"
+
+
+# ---- the one cluster listing ------------------------------------------------------------
+
+
+def test_the_cluster_listing_is_one_snapshot_of_nodes_bound_and_pending_pods(fake) -> None:
+    from scaler.kube.observed import observe_cluster
+
+    def node(name: str, **spec: Any) -> dict:
+        return {
+            "metadata": {"name": name, "labels": {"gpuscale.io/pool": "a100"}},
+            "spec": {"providerID": f"aws:///us-east-1a/i-{name}", **spec},
+            "status": {"allocatable": {"cpu": "16", "memory": "64Gi", "nvidia.com/gpu": "4"}},
+        }
+
+    def pod(name: str, node: str | None, gpus: int = 0, **meta: Any) -> dict:
+        limits = {"nvidia.com/gpu": str(gpus)} if gpus else {}
+        resources = {"requests": {"cpu": "2", "memory": "1Gi"}, "limits": limits}
+        spec: dict[str, Any] = {"containers": [{"name": "c", "resources": resources}]}
+        if node:
+            spec["nodeName"] = node
+        return {"metadata": {"name": name, "namespace": "ml", **meta}, "spec": spec}
+
+    fake.create("nodes", node("n0"))
+    daemon_set = {"kind": "DaemonSet", "name": "d", "apiVersion": "apps/v1", "uid": "u"}
+    fake.create("nodes", node("n1", unschedulable=True))
+    draining = node("n2", unschedulable=True)
+    draining["metadata"]["annotations"] = {"gpuscale.io/removal-started": "2026-01-01T00:00:00Z"}
+    fake.create("nodes", draining)
+    for obj in (
+        pod("pinned", "n0", 2, annotations={"gpuscale.io/gpus": "2,3"}),
+        pod("guessed", "n0", 2),
+        pod("shared", "n1", 1, annotations={"gpuscale.io/gpu-milli": "300"}),
+        pod("agent", "n1", 0, ownerReferences=[daemon_set]),
+        pod("web", "n2"),
+        pod("waiting", None, 1, annotations={"gpuscale.io/gpu-milli": "250"}),
+        pod("held", None, 4, labels=dict(KUBE_NAMES.placeholder_labels)),
+        pod("ghost", "gone", 1),
+    ):
+        fake.create("pods", obj)
+    fake.patch("pods", "web", {"status": {"phase": "Succeeded"}}, "ml")
+
+    seen = observe_cluster(k8s.ApiClient(k8s.Configuration(host=fake.url)))
+    state = seen.state
+    assert state is not None and state.names == ["n0", "n1", "n2"]
+    assert state.cordoned.tolist() == [False, True, True]
+    assert state.draining.tolist() == [False, False, True]
+    # The recorded indices are kept; the other pod gets the GPUs left, not the same ones.
+    assert state.jobs["ml/pinned"].gpus == (2, 3) and state.jobs["ml/guessed"].gpus == (0, 1)
+    assert state.jobs["ml/shared"].job.gpu_milli == 300
+    assert "ml/agent" not in state.jobs  # a DaemonSet pod is the node's overhead
+    assert seen.specs["n1"].cpu_milli == 14_000 and int(state.cpu_free[1]) == 12_000
+    assert "ml/web" not in state.jobs and "ml/ghost" not in state.jobs
+    assert [j.id for j in seen.real_pending] == ["ml/waiting"]
+    assert {j.id for j in seen.pending} == {"ml/waiting", "ml/held"}
+    assert seen.pending_gpus == {None: 0.25}
+    n0, n1, n2 = (seen.nodes[n] for n in ("n0", "n1", "n2"))
+    assert (n0.cloud_name, n0.busy, n0.movable_pods, n0.gpus_used) == ("i-n0", True, 2, 4.0)
+    assert (n1.busy, n1.movable_pods, n1.gpus_used) == (True, 1, 0.3)  # the agent stays
+    assert (n2.draining, n2.busy, n2.movable_pods) == (True, False, 0)

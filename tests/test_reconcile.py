@@ -13,6 +13,7 @@ import pytest
 from live_fixtures import fast_policy, pool, write_config
 
 from predictor.foundation.errors import InputError
+from predictor.telemetry.kube_objects import KUBE_NAMES, read_node, read_pod
 from predictor.telemetry.store import TelemetryStore
 from scaler.cluster.pools import NodePool
 from scaler.controller.config import LiveConfig, load_live_config
@@ -26,11 +27,14 @@ from scaler.controller.reconcile import (
     placeholder_demand,
 )
 from scaler.controller.system import LiveSystem
-from scaler.kube.placeholders import PlaceholderDemand
+from scaler.kube.observed import observed_cluster
+from scaler.kube.placeholders import PlaceholderDemand, PlaceholderSettings
+from scaler.placement import Job, make_policy
 from scaler.planning.planner import CapacityPlan, PlannerMemory, PoolDecision
 from scaler.providers.base import NodeStatus
 
 NOW = datetime(2025, 3, 1, 12, 0, 0)
+POOL_LABEL = "gpuscale.io/pool"
 
 
 class Crash(Exception):
@@ -173,17 +177,127 @@ def test_choose_removals_prefers_booting_then_resumed_then_idle_nodes() -> None:
     ]
 
 
-def test_placeholders_hold_the_planned_gpus_real_pods_do_not_use() -> None:
-    pools = [
-        NodePool(name="a100", gpu_model="A100", gpus_per_node=8, price_per_hour=1, max_size=9),
-        NodePool(name="t4", gpu_model="T4", gpus_per_node=4, price_per_hour=1, max_size=9),
-    ]
-    got = placeholder_demand(pools, {"a100": 5, "t4": 1}, {"a100": 12, "t4": 6}, None)
-    assert got == [
-        PlaceholderDemand(pool="a100", count=3, gpus=8),  # 40 - 12 = 28 GPUs: 3 whole nodes
-        PlaceholderDemand(pool="t4", count=0, gpus=4),
-    ]
-    assert placeholder_demand(pools, {"a100": 5}, {"a100": 12}, 2)[0].count == 14
+def kube_node(name: str, pool: str = "a100", gpus: int = 8, cpu: str = "96") -> dict:
+    return {
+        "metadata": {"name": name, "labels": {POOL_LABEL: pool, "nvidia.com/gpu.product": "A100"}},
+        "spec": {"providerID": f"sim:///{name}"},
+        "status": {
+            "allocatable": {"cpu": cpu, "memory": "1Ti", "nvidia.com/gpu": str(gpus)},
+            "conditions": [{"type": "Ready", "status": "True"}],
+        },
+    }
+
+
+def kube_pod(
+    name: str,
+    node: str | None,
+    *,
+    gpus: int = 0,
+    cpu: str = "1",
+    share: int | None = None,
+    pool: str | None = None,
+) -> dict:
+    requests = {"cpu": cpu, "memory": "1Gi"} | ({"nvidia.com/gpu": str(gpus)} if gpus else {})
+    spec: dict[str, Any] = {"containers": [{"name": "main", "resources": {"requests": requests}}]}
+    if node is not None:
+        spec["nodeName"] = node
+    if pool is not None:
+        spec["nodeSelector"] = {POOL_LABEL: pool}
+    annotations = {"gpuscale.io/gpu-milli": str(share)} if share is not None else {}
+    return {
+        "metadata": {"name": name, "namespace": "ml", "annotations": annotations},
+        "spec": spec,
+        "status": {"phase": "Running" if node else "Pending"},
+    }
+
+
+def fleet_of(pool: str, nodes: list[dict], pods: list[dict]) -> FleetView:
+    """The fleet the loop would see: every node ready, registered under its own name."""
+    cluster = observed_cluster(
+        [(read_node(n), n["metadata"]["name"]) for n in nodes], [read_pod(p) for p in pods]
+    )
+    views = tuple(
+        NodeView(
+            n["metadata"]["name"], pool, NodeStatus.READY, NOW, kube_name=n["metadata"]["name"]
+        )
+        for n in nodes
+    )
+    return FleetView({pool: views}, {pool: len(views)}, kubernetes=True, cluster=cluster)
+
+
+def test_placeholders_pack_the_job_mix_onto_the_room_the_plan_provides() -> None:
+    a100 = NodePool(name="a100", gpu_model="A100", gpus_per_node=8, price_per_hour=1, max_size=9)
+    # 6 GPUs run on n1, 1 on n2: room for 2 + 7 GPUs there, and 3 whole new nodes.
+    fleet = fleet_of(
+        "a100",
+        [kube_node("n1"), kube_node("n2")],
+        [kube_pod("train", "n1", gpus=6), kube_pod("infer", "n2", gpus=1)],
+    )
+
+    def demand(mix: list[Job], gpus_each: int | None = None, **kw: Any) -> list[PlaceholderDemand]:
+        return placeholder_demand(
+            fleet,
+            [a100],
+            {"a100": 5},
+            removed=frozenset(),
+            estimate=None,
+            mix=mix,
+            policy=make_policy("bestfit"),
+            settings=PlaceholderSettings(),
+            names=KUBE_NAMES,
+            gpus_each=gpus_each,
+            **kw,
+        )
+
+    # Whole-node placeholders fit only the new nodes: 33 free GPUs, but no 8 together on
+    # n1 or n2 (a GPU sum divided by 8 would ask for 4 and one could never be scheduled).
+    assert demand([], gpus_each=8) == [PlaceholderDemand(pool="a100", count=3, gpus=8)]
+    # A mix of 4- and 1-GPU jobs (one each): every free GPU is held, none bigger than 4.
+    mix = [Job("m4", num_gpu=4, gpu_milli=1000), Job("m1", num_gpu=1, gpu_milli=1000)]
+    held = demand(mix)
+    assert sum(d.count * d.gpus for d in held) == 33
+    assert {d.gpus for d in held} == {4, 1} and all(d.pool == "a100" for d in held)
+    assert [d.gpus for d in held] == sorted((d.gpus for d in held), reverse=True)
+    # Sharing jobs: the GPUs they share are held by one-GPU placeholders.
+    half = [Job("half", num_gpu=1, gpu_milli=500)]
+    assert demand(half) == [PlaceholderDemand(pool="a100", count=33, gpus=1)]
+    # n2 goes and nothing is added: 2 GPUs left on n1, no room for 4 together.
+    assert (
+        placeholder_demand(
+            fleet,
+            [a100],
+            {"a100": 1},
+            removed=frozenset({"n2"}),
+            estimate=None,
+            mix=[],
+            policy=make_policy("bestfit"),
+            settings=PlaceholderSettings(),
+            names=KUBE_NAMES,
+            gpus_each=4,
+        )
+        == []
+    )
+
+
+def test_pending_pods_take_their_room_before_placeholders() -> None:
+    a100 = NodePool(name="a100", gpu_model="A100", gpus_per_node=8, price_per_hour=1, max_size=9)
+    fleet = fleet_of(
+        "a100",
+        [kube_node("n1")],
+        [kube_pod("wait", None, gpus=2, pool="a100"), kube_pod("other", None, gpus=4, pool="t4")],
+    )
+    held = placeholder_demand(
+        fleet,
+        [a100],
+        {"a100": 1},
+        removed=frozenset(),
+        estimate=None,
+        mix=[Job("m1", num_gpu=1, gpu_milli=1000)],
+        policy=make_policy("bestfit"),
+        settings=PlaceholderSettings(),
+        names=KUBE_NAMES,
+    )
+    assert held == [PlaceholderDemand(pool="a100", count=6, gpus=1)]  # 8 less the pending 2
 
 
 def test_hold_scale_downs_keeps_scale_ups() -> None:
@@ -258,3 +372,125 @@ def test_placeholder_pods_are_not_demand() -> None:
     assert pods[0].gpus == 0
     (a100,) = source.pool_demand([], pods)
     assert (a100.pool, a100.pending) == ("a100", 4)
+
+
+# ---- the live loop on the one cluster model, against the fake API server ---------------
+
+
+def kube_cluster(
+    tmp_path: Path,
+    fake: Any,
+    nodes: int,
+    gpus: float = 8.0,
+    mix: list[dict] | None = None,
+    **kube: Any,
+) -> Reconciler:
+    """The loop on the simulated cloud with `nodes` ready a100 nodes, each registered in
+    the fake API server under its cloud name (8 GPUs, 96 CPUs); demand of `gpus` GPUs; the
+    placement mix `mix` (default: the configured default)."""
+    placement = {"mix": mix} if mix is not None else {}
+    cfg = config(
+        tmp_path,
+        nodes=nodes,
+        kubernetes={"host": fake.url, "drain": {"timeout_s": 0.5, "poll_s": 0.02}} | kube,
+        lease={"enabled": False},
+        placement=placement,
+    )
+    demand(cfg, [8.0] * 5 + [gpus])
+    r = reconciler(cfg)
+    (group,) = r.system.provider.node_groups()
+    for node in sorted(n.name for n in group.nodes()):
+        fake.create("nodes", kube_node(node))
+    return r
+
+
+def kube_names_of(r: Reconciler) -> list[str]:
+    (group,) = r.system.provider.node_groups()
+    return sorted(n.name for n in group.nodes())
+
+
+def test_a_pending_gpu_sharing_pod_scales_up_the_live_loop(tmp_path: Path, fake: Any) -> None:
+    """The forecast sees one node's worth of demand, but a pod asking a quarter of a GPU
+    waits and no node has a GPU free: the reactive floor (the scale-up estimate on the
+    pool's template) adds a node, as Cluster Autoscaler would."""
+    r = kube_cluster(tmp_path, fake, nodes=1, pre_position=False)
+    (node,) = kube_names_of(r)
+    fake.create("pods", kube_pod("train", node, gpus=8))
+    calm = r.iterate(apply=False).decision
+    assert calm.desired == {"a100": 1} and calm.reactive is not None
+    assert calm.reactive.floor == {}
+
+    fake.create("pods", kube_pod("notebook", None, gpus=1, share=250, pool="a100"))
+    outcome = r.iterate(apply=True)
+    d = outcome.decision
+    assert d.plan.desired == {"a100": 1}  # the forecast alone would not grow
+    assert d.reactive is not None and d.reactive.floor == {"a100": 2}
+    assert d.desired == {"a100": 2}
+    assert d.reactive.demand.estimate.pools["a100"].jobs == ("ml/notebook",)
+    assert [(a["action"], a["result"]) for a in outcome.actions] == [
+        ("set_target", "target 1 -> 2")
+    ]
+    assert target(r) == 2
+    logged = DecisionLog(r.config.state_dir).decisions()[0]  # newest first
+    assert logged.plan["reactive"]["pending_pods"] == 1
+    assert logged.plan["reactive"]["estimate"]["new_nodes"] == {"a100": 1}
+    assert logged.inputs["reactive"]["floor"] == {"a100": 2}
+    assert logged.inputs["fleet"]["used_gpus"] == {"a100": 8.25}  # the share, not a GPU
+
+    # The same pod fits a node with a GPU to share: no new node.
+    fake.delete("pods", "train", "ml")
+    fake.create("pods", kube_pod("train", node, gpus=7))
+    again = r.iterate(apply=False).decision
+    assert again.reactive is not None and again.reactive.floor == {}
+    assert again.reactive.demand.estimate.on_existing == ("ml/notebook",)
+
+
+def test_a_node_whose_pods_fit_elsewhere_goes_and_one_whose_pods_do_not_stays(
+    tmp_path: Path, fake: Any
+) -> None:
+    """Demand wants one node of three. The first runs training (never a candidate); the
+    second's pods (11 CPUs) fit on the first; the third runs a 90-CPU pod no other node has
+    room for, so the scale-down check keeps it: one node goes, not two."""
+    r = kube_cluster(tmp_path, fake, nodes=3, pre_position=False)
+    busy, light, heavy = kube_names_of(r)
+    fake.create("pods", kube_pod("train", busy, gpus=8, cpu="80"))
+    fake.create("pods", kube_pod("web", light, cpu="1"))
+    fake.create("pods", kube_pod("cache", light, cpu="10"))
+    fake.create("pods", kube_pod("db", heavy, cpu="90"))
+
+    outcome = r.iterate(apply=True)
+    d = outcome.decision
+    views = {n.cloud_name: n for n in d.fleet.all_nodes()}
+    assert views[busy].busy and views[busy].drainable is None  # never checked
+    assert views[light].drainable is True and "fit elsewhere" in views[light].check
+    assert views[heavy].drainable is False and "job ml/db fits no other node" in views[heavy].check
+    assert d.plan.decisions[0].inputs["removable"] == 1
+    assert d.desired == {"a100": 2}
+    assert [r_.cloud_name for r_ in d.removals] == [light]
+    (removed,) = [a for a in outcome.actions if a["action"] == "remove_node"]
+    assert (removed["node"], removed["status"]) == (light, "done")
+    assert kube_names_of(r) == [busy, heavy] and target(r) == 2
+    assert sorted(p["metadata"]["name"] for p in fake.objects("pods", "ml")) == ["db", "train"]
+
+    # The moved pods run again on the busy node: the heavy one still cannot go.
+    fake.create("pods", kube_pod("web", busy, cpu="1"))
+    fake.create("pods", kube_pod("cache", busy, cpu="10"))
+    fake.delete("nodes", light)
+    after = r.iterate(apply=True).decision
+    assert after.desired == {"a100": 2} and after.removals == ()
+
+
+def test_placeholders_in_the_live_loop_follow_the_mix(tmp_path: Path, fake: Any) -> None:
+    """Two nodes wanted, one runs a 6-GPU job: the mix (whole 2-GPU jobs) is packed onto
+    the two GPUs left there and the new node."""
+    r = kube_cluster(tmp_path, fake, nodes=1, gpus=16.0, mix=[{"num_gpu": 2}])
+    (node,) = kube_names_of(r)
+    fake.create("pods", kube_pod("train", node, gpus=6))
+    outcome = r.iterate(apply=True)
+    assert outcome.decision.desired == {"a100": 2}
+    assert list(outcome.decision.placeholders) == [PlaceholderDemand(pool="a100", count=5, gpus=2)]
+    made = fake.objects("pods", "gpuscale-system")
+    assert len(made) == 5
+    assert {
+        p["spec"]["containers"][0]["resources"]["requests"]["nvidia.com/gpu"] for p in made
+    } == {"2"}

@@ -3,9 +3,11 @@
 For each node the view knows its pool, whether it is booting or ready, its Kubernetes name
 (when it has registered), whether real GPU jobs run on it (such a node is never chosen for
 removal: a scale-down must not kill training), how many pods a drain would have to move,
-and whether gpuscale cordoned it. It also counts, per pool, the GPUs real pods hold or
-wait for, which sizes the placeholders. Placeholders, DaemonSet and mirror pods and
-finished pods are not real work here.
+whether gpuscale cordoned it, and, once `with_removal_checks` has run, whether the
+scale-down check found its pods room elsewhere. It also counts, per pool, the GPUs real
+pods hold or wait for (shared GPUs as their shares). What Kubernetes shows comes from the
+one cluster snapshot (`scaler.kube.observed`), kept in the view for the loop's reactive
+floor and placeholder sizing.
 
 Without Kubernetes the view has only the provider's nodes.
 """
@@ -13,20 +15,16 @@ Without Kubernetes the view has only the provider's nodes.
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from datetime import datetime
 
 from kubernetes import client as k8s
 
-from predictor.telemetry.kube_objects import KubeNames, read_pod
-from scaler.kube.errors import API_ERRORS, kube_error
-from scaler.kube.nodes import (
-    CORDONED_BY_GPUSCALE,
-    cloud_node_name,
-    goes_with_node,
-    has_finished,
-    is_placeholder,
-)
+from predictor.telemetry.kube_objects import KUBE_NAMES, KubeNames
+from scaler.controller.removal_order import RemovalCandidate, removal_order
+from scaler.kube.observed import ObservedCluster, observe_cluster
+from scaler.placement.policies.base import Policy
+from scaler.placement.scale_down import check_removals
 from scaler.planning.planner import FleetState, PoolFleet
 from scaler.providers.base import CloudProvider, NodeStatus
 
@@ -41,6 +39,12 @@ class NodeView:
     busy: bool = False  # real GPU pods run here
     movable_pods: int = 0  # real pods a drain would evict
     cordoned_by_us: bool = False
+    drainable: bool | None = None  # the scale-down check's answer; None: not checked
+    check: str = ""  # why, in its words
+
+    @property
+    def booting(self) -> bool:
+        return self.status is NodeStatus.BOOTING
 
     def to_dict(self) -> dict[str, object]:
         return {
@@ -50,6 +54,8 @@ class NodeView:
             "busy": self.busy,
             "movable_pods": self.movable_pods,
             "cordoned_by_gpuscale": self.cordoned_by_us,
+            "drainable": self.drainable,
+            "check": self.check,
         }
 
 
@@ -59,8 +65,9 @@ class FleetView:
 
     nodes: Mapping[str, tuple[NodeView, ...]]
     targets: Mapping[str, int]
-    used_gpus: Mapping[str, int] = field(default_factory=dict)
+    used_gpus: Mapping[str, float] = field(default_factory=dict)
     kubernetes: bool = False
+    cluster: ObservedCluster | None = None
 
     def all_nodes(self) -> list[NodeView]:
         return [n for nodes in self.nodes.values() for n in nodes]
@@ -72,9 +79,59 @@ class FleetView:
             for n in self.nodes.get(pool, ())
             if n.status is NodeStatus.READY
             and not n.busy
+            and n.drainable is not False
             and n.cloud_name not in unremovable
             and (n.kube_name is not None or not self.kubernetes)
         ]
+
+    def removal_candidates(self, pool: str, unremovable: frozenset[str]) -> list[RemovalCandidate]:
+        """The pool's nodes for `removal_order`, each keyed by its NodeView."""
+        removable = {n.cloud_name for n in self.removable(pool, unremovable)}
+        return [
+            RemovalCandidate(
+                key=n,
+                launched_at=n.launched_at,
+                booting=n.booting,
+                removable=n.cloud_name in removable,
+                cordoned_by_us=n.cordoned_by_us,
+                movable_pods=n.movable_pods,
+            )
+            for n in self.nodes.get(pool, ())
+        ]
+
+    def with_removal_checks(self, policy: Policy, unremovable: frozenset[str]) -> FleetView:
+        """The view with every ready node that could go checked: may its pods, placeholders
+        aside, go elsewhere? The nodes are tried in the removal order on one scratch copy
+        of the cluster, so the ones that pass may all go together."""
+        state = self.cluster.state if self.cluster is not None else None
+        if state is None:
+            return self
+        index = {name: i for i, name in enumerate(state.names)}
+        order = [
+            c.key
+            for pool in self.nodes
+            for c in removal_order(self.removal_candidates(pool, unremovable))
+            if not c.booting and c.key.kube_name in index
+        ]
+        checks = check_removals(state, [index[n.kube_name] for n in order], policy)
+        found = {c.node: c for c in checks}
+        nodes = {
+            pool: tuple(
+                replace(n, drainable=found[n.kube_name].removable, check=found[n.kube_name].reason)
+                if n.kube_name in found
+                else n
+                for n in views
+            )
+            for pool, views in self.nodes.items()
+        }
+        return replace(self, nodes=nodes)
+
+    def booting(self) -> dict[str, int]:
+        return {pool: sum(n.booting for n in nodes) for pool, nodes in self.nodes.items()}
+
+    def sizes(self) -> dict[str, int]:
+        """Nodes per pool now, booting ones included."""
+        return {pool: len(nodes) for pool, nodes in self.nodes.items()}
 
     def fleet_state(
         self, at: datetime, unremovable: frozenset[str], lost: Mapping[str, int]
@@ -94,19 +151,22 @@ class FleetView:
         return FleetState(at=at, pools=tuple(pools))
 
     def to_dict(self) -> dict[str, object]:
-        return {
+        out: dict[str, object] = {
             "targets": dict(self.targets),
             "used_gpus": dict(self.used_gpus),
             "nodes": {pool: [n.to_dict() for n in nodes] for pool, nodes in self.nodes.items()},
         }
+        if self.cluster is not None:
+            out["pending_pods"] = len(self.cluster.real_pending)
+            out["unbound_pods"] = dict(self.cluster.unbound)
+        return out
 
 
 def observe_fleet(
     provider: CloudProvider,
     pools: Sequence[str],
     api: k8s.ApiClient | None,
-    pool_label: str,
-    gpu_resource: str,
+    names: KubeNames = KUBE_NAMES,
     assume_idle: bool = False,
 ) -> FleetView:
     """Read the provider (after a refresh) and, when given, the cluster. Without a
@@ -132,61 +192,40 @@ def observe_fleet(
         }
         return FleetView(nodes, targets)
 
-    names = KubeNames(gpu_resource=gpu_resource, pool_label=pool_label)
-    core = k8s.CoreV1Api(api)
-    try:
-        kube_nodes = core.list_node().items
-        pods = core.list_pod_for_all_namespaces().items
-    except API_ERRORS as exc:
-        raise kube_error("read nodes and pods", exc) from None
-    by_cloud = {cloud_node_name(n): n for n in kube_nodes}
+    cluster = observe_cluster(api, names)
+    by_cloud = {n.cloud_name: n for n in cluster.nodes.values()}
     pool_of_kube: dict[str, str] = {}
     for pool, found in cloud_nodes.items():
         for n in found:
             if n.name in by_cloud:
-                pool_of_kube[by_cloud[n.name].metadata.name] = pool
-    for n in kube_nodes:  # nodes the provider does not list still belong to their pool
-        label = (n.metadata.labels or {}).get(pool_label)
-        if label in cloud_nodes:
-            pool_of_kube.setdefault(n.metadata.name, label)
+                pool_of_kube[by_cloud[n.name].name] = pool
+    for n in cluster.nodes.values():  # nodes the provider does not list still belong
+        if n.pool in cloud_nodes:
+            pool_of_kube.setdefault(n.name, n.pool)
 
-    gpu_pods: dict[str, int] = {}
-    movable: dict[str, int] = {}
-    used: dict[str, int] = dict.fromkeys(pools, 0)
-    for pod in pods:
-        if is_placeholder(pod) or goes_with_node(pod) or has_finished(pod):
-            continue
-        request = read_pod(api.sanitize_for_serialization(pod), names)
-        gpus = request.gpus
-        node = pod.spec.node_name
-        if node:
-            movable[node] = movable.get(node, 0) + 1
-            if gpus:
-                gpu_pods[node] = gpu_pods.get(node, 0) + 1
-            pool = pool_of_kube.get(node)
-        else:
-            pool = request.wanted_pool
-        if gpus and pool in used:
-            used[pool] += gpus
+    used: dict[str, float] = dict.fromkeys(pools, 0.0)
+    for name, pool in pool_of_kube.items():
+        used[pool] += cluster.nodes[name].gpus_used
+    for wanted, gpus in cluster.pending_gpus.items():
+        if wanted in used:
+            used[wanted] += gpus
 
     nodes = {}
     for pool, found in cloud_nodes.items():
         views = []
         for n in found:
             kube = by_cloud.get(n.name)
-            name = kube.metadata.name if kube is not None else None
-            annotations = (kube.metadata.annotations or {}) if kube is not None else {}
             views.append(
                 NodeView(
                     cloud_name=n.name,
                     pool=pool,
                     status=n.status,
                     launched_at=n.launched_at,
-                    kube_name=name,
-                    busy=bool(name and gpu_pods.get(name)),
-                    movable_pods=movable.get(name, 0) if name else 0,
-                    cordoned_by_us=CORDONED_BY_GPUSCALE in annotations,
+                    kube_name=kube.name if kube is not None else None,
+                    busy=kube is not None and kube.busy,
+                    movable_pods=kube.movable_pods if kube is not None else 0,
+                    cordoned_by_us=kube is not None and kube.draining,
                 )
             )
         nodes[pool] = tuple(views)
-    return FleetView(nodes, targets, used, kubernetes=True)
+    return FleetView(nodes, targets, used, kubernetes=True, cluster=cluster)

@@ -13,6 +13,14 @@ the cluster say now, so the loop is safe to kill and restart at any moment:
   it cordoned that is no longer to go is uncordoned.
 - Missing or stale telemetry, or a forecast that failed, never leads to a scale-down: the
   pool holds its size and the decision records why.
+- Pods waiting now are capacity needed now: the reactive floor (Cluster Autoscaler's
+  scale-up estimate on the one cluster model, `planning.reactive`, as the job simulator
+  computes it) raises any pool the forecast left short of them.
+- A ready node counts as removable only when the scale-down check finds its pods,
+  placeholders aside, room elsewhere; a node running real GPU pods never does. Nodes go in
+  the one removal order (`removal_order`).
+- Placeholders hold the room the plan provides beyond real use, shaped like the configured
+  job mix packed onto the pool's nodes (or `kubernetes.placeholder_gpus` GPUs each).
 - The planner's memory advances once per demand step: passes within one step all plan
   from the memory at the start of that step, so repeating a pass repeats its decision.
 
@@ -25,23 +33,47 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from datetime import UTC, datetime
 from typing import Any
 
 import pandas as pd
 from pydantic import ValidationError
 
+from predictor.telemetry.kube_objects import KubeNames, read_pod
+from scaler.cluster.job import Job
 from scaler.cluster.pools import NodePool
+from scaler.cluster.snapshot import ClusterState
+from scaler.cluster.templates import template_node
+from scaler.controller.config import kube_names, mix_jobs, workload_mix
 from scaler.controller.fleet import FleetView, NodeView, observe_fleet
 from scaler.controller.leader import LeaderElector, NotLeader
+from scaler.controller.removal_order import removal_order
 from scaler.controller.system import LiveSystem
 from scaler.kube.errors import KubeError
 from scaler.kube.nodes import DrainSettings, NodeRemoval, RemovalStatus
-from scaler.kube.placeholders import PlaceholderDemand, Placeholders
+from scaler.kube.objects import job_of, parse_taint
+from scaler.kube.placeholders import (
+    PlaceholderDemand,
+    Placeholders,
+    PlaceholderSettings,
+    placeholder_pod,
+)
+from scaler.placement.decision import Unschedulable
+from scaler.placement.engine import commit, place
+from scaler.placement.estimator import ScaleUpEstimate
+from scaler.placement.policies import make_policy
+from scaler.placement.policies.base import Policy
 from scaler.planning.demand import DemandReading, Outlooks, outlooks, read_demand
-from scaler.planning.planner import CapacityPlan, PlannerMemory, plan
-from scaler.providers.base import NodeStatus, ProviderError
+from scaler.planning.planner import (
+    CapacityPlan,
+    FleetState,
+    PlannerMemory,
+    PlannerPolicy,
+    plan,
+)
+from scaler.planning.reactive import ReactiveDemand, reactive_demand, with_floor
+from scaler.providers.base import ProviderError
 
 log = logging.getLogger(__name__)
 
@@ -88,6 +120,25 @@ class Removal:
         }
 
 
+@dataclass(frozen=True)
+class ReactiveFloor:
+    """What the pending pods need now (Cluster Autoscaler's estimate on the one cluster
+    model), the reactive plan made of it, and the floor it puts under the pass's sizes."""
+
+    demand: ReactiveDemand
+    plan: CapacityPlan
+    floor: Mapping[str, int]  # pools the pending pods make grow, and to what size
+    pending: int  # real pods waiting
+
+    def to_dict(self) -> dict[str, object]:
+        return {
+            "pending_pods": self.pending,
+            "nodes": dict(self.demand.nodes),
+            "estimate": self.demand.estimate.to_dict(),
+            "floor": dict(self.floor),
+        }
+
+
 @dataclass(frozen=True, eq=False)
 class Decision:
     """What one pass decided, with everything it decided on."""
@@ -98,12 +149,13 @@ class Decision:
     outlook: Outlooks
     fleet: FleetView
     plan: CapacityPlan
-    desired: Mapping[str, int]  # after holding scale-downs the telemetry cannot justify
+    desired: Mapping[str, int]  # scale-downs the telemetry cannot justify held, floor applied
     held: Mapping[str, str]
     removals: tuple[Removal, ...]
     placeholders: tuple[PlaceholderDemand, ...]
     planner_state: PlannerState
     forecast_source: str
+    reactive: ReactiveFloor | None = None
 
     @property
     def problems(self) -> list[str]:
@@ -127,6 +179,7 @@ class Decision:
                 for o in self.outlook.outlooks
             ],
             "fleet": self.fleet.to_dict(),
+            "reactive": self.reactive.to_dict() if self.reactive is not None else None,
         }
 
     def to_dict(self) -> dict[str, Any]:
@@ -139,6 +192,7 @@ class Decision:
             "targets": dict(self.fleet.targets),
             "final_desired": dict(self.desired),
             "held": dict(self.held),
+            "reactive": self.reactive.to_dict() if self.reactive is not None else None,
             "removals": [r.to_dict() for r in self.removals],
             "placeholders": [p.model_dump() for p in self.placeholders],
         }
@@ -161,40 +215,177 @@ def hold_scale_downs(plan: CapacityPlan, problems: Sequence[str]) -> tuple[dict[
     return desired, held
 
 
+def reactive_floor(
+    fleet: FleetView,
+    fleet_state: FleetState,
+    pools: Sequence[NodePool],
+    policy: PlannerPolicy,
+    placement: Policy,
+    pool_label: str,
+) -> ReactiveFloor:
+    """The sizes the pending pods need at least: `reactive_demand` packs them onto the
+    ready nodes, the booting ones and new template nodes, and the planner in reactive mode,
+    never scaling down, sizes the pools for it. Only pools it grows get a floor: where the
+    pending pods fit the fleet, the floor would be today's size and keep the plan from
+    ever removing an idle node."""
+    cluster = fleet.cluster
+    pending = cluster.real_pending if cluster is not None else ()
+    # A node that has registered is in the cluster state; only the others are on the way.
+    booting = {
+        pool: sum(n.booting and n.kube_name is None for n in nodes)
+        for pool, nodes in fleet.nodes.items()
+    }
+    demand = reactive_demand(
+        cluster.state if cluster is not None else None,
+        pending,
+        pools,
+        placement,
+        booting=booting,
+        current=fleet.sizes(),
+        pool_label=pool_label,
+    )
+    reactive = policy.model_copy(update={"mode": "reactive", "scale_down_enabled": False})
+    planned = plan(demand.outlooks(pools), fleet_state, pools, reactive)
+    floor = {d.pool: d.desired for d in planned.decisions if d.action == "scale_up"}
+    return ReactiveFloor(demand, planned, floor, len(pending))
+
+
 def choose_removals(
     fleet: FleetView, pool: str, count: int, unremovable: frozenset[str]
 ) -> list[NodeView]:
-    """The nodes of `pool` to take out: booting ones first (nothing runs there yet), then
-    nodes gpuscale already cordoned (a removal a restart interrupted), then the idle and
-    drainable ones with the fewest pods to move, newest first."""
-    if count <= 0:
-        return []
-    nodes = fleet.nodes.get(pool, ())
-    booting = sorted(
-        (n for n in nodes if n.status is NodeStatus.BOOTING),
-        key=lambda n: n.launched_at,
-        reverse=True,
-    )
-    ready = sorted(
-        fleet.removable(pool, unremovable),
-        key=lambda n: (not n.cordoned_by_us, n.movable_pods, -n.launched_at.timestamp()),
-    )
-    return (booting + ready)[:count]
+    """The nodes of `pool` to take out, in the one removal order (`removal_order`)."""
+    return [c.key for c in removal_order(fleet.removal_candidates(pool, unremovable), count)]
+
+
+def pool_room(
+    fleet: FleetView,
+    pool: NodePool,
+    desired: int,
+    removed: frozenset[str],
+    pool_label: str,
+) -> ClusterState | None:
+    """The pool's nodes after this pass, with what real pods hold there: the nodes that stay
+    (registered ones as Kubernetes shows them, a node gpuscale cordoned and now keeps
+    uncordoned; the others as the pool's template) and a template node for each node the
+    plan adds. None when the pool will have no node."""
+    cluster = fleet.cluster
+    state = cluster.state if cluster is not None else None
+    index = {name: i for i, name in enumerate(state.names)} if state is not None else {}
+    kept = [n for n in fleet.nodes.get(pool.name, ()) if n.cloud_name not in removed]
+    specs = []
+    held = []
+    for n in kept:
+        if cluster is not None and state is not None and n.kube_name in index:
+            spec = cluster.specs[n.kube_name]
+            specs.append(replace(spec, cordoned=spec.cordoned and not n.cordoned_by_us))
+            real = [a for a in state.jobs_on(index[n.kube_name]) if not a.job.placeholder]
+            held.extend((len(specs) - 1, a) for a in real)
+        else:
+            specs.append(template_node(pool, n.cloud_name, pool_label))
+    added = max(desired - len(kept), 0)
+    specs.extend(template_node(pool, f"{pool.name}/new-{i}", pool_label) for i in range(added))
+    if not specs:
+        return None
+    room = ClusterState.from_nodes(specs)
+    for node, allocation in held:
+        room.bind(allocation.job, node, allocation.gpus)
+    return room
+
+
+def placeholder_shapes(
+    pool: NodePool, mix: Sequence[Job], gpus_each: int | None = None
+) -> list[Job]:
+    """The jobs a pool's placeholders stand in for: the GPU jobs of the workload mix that
+    may run on the pool's GPU model, or, with `gpus_each`, jobs of that many whole GPUs
+    (at most a node's)."""
+    if gpus_each is not None:
+        return [Job("shape", num_gpu=min(gpus_each, pool.gpus_per_node), gpu_milli=1000)]
+    return [j for j in mix if j.num_gpu and (not j.gpu_models or pool.gpu_model in j.gpu_models)]
+
+
+def pack_placeholders(
+    room: ClusterState,
+    pending: Sequence[Job],
+    shapes: Sequence[Job],
+    like: Job,
+    policy: Policy,
+) -> list[int]:
+    """GPUs of each placeholder that fills `room`: the pending jobs take theirs first; then
+    the shapes are placed, largest first and each as often as it appears in `shapes`, round
+    after round until none fits, as `like` (the placeholder pod's selector and tolerations).
+    A placeholder holds the GPUs one shaped job took; the GPUs shared by sharing shapes are
+    held by one-GPU placeholders. Largest first. `room` is changed."""
+    for job in sorted(pending, key=lambda j: (-j.gpu_request_milli, j.id)):
+        decided = place(room, job, policy)
+        if not isinstance(decided, Unschedulable):
+            commit(room, job, decided)
+    order = sorted(shapes, key=lambda j: (-j.gpu_request_milli, -j.cpu_milli, -j.memory_mib))
+    full: set[int] = set()  # shapes that no longer fit anywhere (room only shrinks)
+    sizes: list[int] = []
+    shared: set[tuple[int, int]] = set()
+    made = 0
+    while len(full) < len(order):
+        for i, shape in enumerate(order):
+            if i in full:
+                continue
+            job = replace(
+                shape,
+                id=f"placeholder-{made}",
+                node_selector=like.node_selector,
+                tolerations=like.tolerations,
+                placeholder=True,
+            )
+            made += 1
+            decided = place(room, job, policy)
+            if isinstance(decided, Unschedulable):
+                full.add(i)
+                continue
+            commit(room, job, decided)
+            if job.is_sharing:
+                shared.add((decided.node_index, decided.gpus[0]))
+            else:
+                sizes.append(job.num_gpu)
+    return sorted(sizes + [1] * len(shared), reverse=True)
 
 
 def placeholder_demand(
+    fleet: FleetView,
     pools: Sequence[NodePool],
     desired: Mapping[str, int],
-    used_gpus: Mapping[str, int],
-    gpus_per_placeholder: int | None,
+    *,
+    removed: frozenset[str],
+    estimate: ScaleUpEstimate | None,
+    mix: Sequence[Job],
+    policy: Policy,
+    settings: PlaceholderSettings,
+    names: KubeNames,
+    gpus_each: int | None = None,
 ) -> list[PlaceholderDemand]:
-    """Placeholders holding the GPUs the plan provides beyond what real pods use, so the
-    capacity bought ahead of demand stays warm until jobs preempt them."""
+    """Placeholders holding the room the plan provides beyond what real pods use or wait
+    for, so the capacity bought ahead of demand stays warm until jobs preempt them: per
+    pool, the job mix packed onto the pool's nodes after this pass (`pool_room`) once the
+    pending pods bound for the pool have taken theirs (`pack_placeholders`)."""
+    cluster = fleet.cluster
+    taints = [parse_taint(t) for t in sorted(cluster.taints)] if cluster is not None else []
+    pending = cluster.real_pending if cluster is not None else ()
     out = []
     for pool in pools:
-        size = min(gpus_per_placeholder or pool.gpus_per_node, pool.gpus_per_node)
-        headroom = desired.get(pool.name, 0) * pool.gpus_per_node - used_gpus.get(pool.name, 0)
-        out.append(PlaceholderDemand(pool=pool.name, count=max(headroom, 0) // size, gpus=size))
+        going = set(estimate.pools[pool.name].jobs) if estimate is not None else set()
+        if cluster is not None:
+            going |= {j for j, p in cluster.pending_pools.items() if p == pool.name}
+        room = pool_room(fleet, pool, desired.get(pool.name, 0), removed, names.pool_label)
+        if room is None:
+            continue
+        like = job_of(read_pod(placeholder_pod(settings, pool.name, 0, 1), names), names, taints)
+        sizes = pack_placeholders(
+            room,
+            [j for j in pending if j.id in going],
+            placeholder_shapes(pool, mix, gpus_each),
+            like,
+            policy,
+        )
+        for gpus in sorted(set(sizes), reverse=True):
+            out.append(PlaceholderDemand(pool=pool.name, count=sizes.count(gpus), gpus=gpus))
     return out
 
 
@@ -251,38 +442,51 @@ class Reconciler:
         )
         outlook = outlooks(reading, self.system.model, cfg.pools, cfg.policy, cfg.demand)
         kube = cfg.kubernetes
+        names = kube_names(kube)
+        placement = make_policy(
+            cfg.placement.policy, mix=workload_mix(cfg.placement.mix), seed=cfg.placement.seed
+        )
+        unremovable = self._unremovable(now)
         fleet = observe_fleet(
             self.system.provider,
             [p.name for p in cfg.pools],
             self.system.kube,
-            pool_label=kube.pool_label if kube else "gpuscale.io/pool",
-            gpu_resource=kube.gpu_resource if kube else "nvidia.com/gpu",
+            names,
             assume_idle=self.system.provider.name() == "simulated",
-        )
-        unremovable = self._unremovable(now)
+        ).with_removal_checks(placement, unremovable)
         known: dict[str, list[str]] = self.system.log.load(KNOWN_KEY, {})
         current = {pool: {n.cloud_name for n in nodes} for pool, nodes in fleet.nodes.items()}
-        lost = {pool: len(set(known.get(pool, [])) - names) for pool, names in current.items()}
+        lost = {pool: len(set(known.get(pool, [])) - seen) for pool, seen in current.items()}
         step = str(reading.last_step or pd.Timestamp(now).floor(f"{cfg.policy.step_seconds}s"))
-        planned = plan(
-            outlook.outlooks,
-            fleet.fleet_state(now, unremovable, lost),
-            cfg.pools,
-            cfg.policy,
-            state.memory_for(step),
-        )
+        fleet_state = fleet.fleet_state(now, unremovable, lost)
+        planned = plan(outlook.outlooks, fleet_state, cfg.pools, cfg.policy, state.memory_for(step))
         problems = reading.problems + ([outlook.problem] if outlook.problem else [])
         desired, held = hold_scale_downs(planned, problems)
+        reactive = None
+        if fleet.cluster is not None:
+            # Pods waiting now need capacity whatever the forecast said (or failed to say).
+            reactive = reactive_floor(
+                fleet, fleet_state, cfg.pools, cfg.policy, placement, names.pool_label
+            )
+            desired = with_floor(desired, reactive.floor)
         removals: list[Removal] = []
         for pool in cfg.pools:
             surplus = len(fleet.nodes.get(pool.name, ())) - desired[pool.name]
             for node in choose_removals(fleet, pool.name, surplus, unremovable):
-                booting = node.status is NodeStatus.BOOTING
-                removals.append(Removal(pool.name, node.cloud_name, node.kube_name, booting))
+                removals.append(Removal(pool.name, node.cloud_name, node.kube_name, node.booting))
         placeholders: list[PlaceholderDemand] = []
         if kube is not None and kube.pre_position and self.system.kube is not None:
             placeholders = placeholder_demand(
-                cfg.pools, desired, fleet.used_gpus, kube.placeholder_gpus
+                fleet,
+                cfg.pools,
+                desired,
+                removed=frozenset(r.cloud_name for r in removals),
+                estimate=reactive.demand.estimate if reactive is not None else None,
+                mix=mix_jobs(cfg.placement.mix),
+                policy=placement,
+                settings=kube.placeholders,
+                names=names,
+                gpus_each=kube.placeholder_gpus,
             )
         return Decision(
             at=now,
@@ -297,6 +501,7 @@ class Reconciler:
             placeholders=tuple(placeholders),
             planner_state=state.after(step, planned.memory),
             forecast_source=self.system.model.source,
+            reactive=reactive,
         )
 
     # ---- one pass -------------------------------------------------------------------------

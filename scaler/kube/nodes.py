@@ -24,13 +24,13 @@ from http import HTTPStatus
 
 from kubernetes import client as k8s
 
+from predictor.telemetry.kube_objects import MIRROR_ANNOTATION as MIRROR
 from scaler.kube.errors import API_ERRORS, KubeError, Refusal, kube_call, kube_error
 from scaler.kube.placeholders import PLACEHOLDER_LABELS
 from scaler.providers.base import CloudProvider, ProviderError
 
 CORDONED_BY_GPUSCALE = "gpuscale.io/removal-started"
 SAFE_TO_EVICT = "cluster-autoscaler.kubernetes.io/safe-to-evict"
-MIRROR = "kubernetes.io/config.mirror"
 
 
 @dataclass(frozen=True)

@@ -56,13 +56,13 @@ COMPONENT_MODULES: dict[str, tuple[str, ...]] = {
         "scaler/controller/leader.py",
         "scaler/kube/nodes.py",
         "scaler/kube/placeholders.py",
-        "scaler/controller/fleet.py",
+        "scaler/kube/observed.py",
         "predictor/telemetry/kubernetes.py",
     ),
     "service": (
         "scaler/service/cluster.py",
         "scaler/service/extender.py",
-        "scaler/controller/fleet.py",
+        "scaler/kube/observed.py",
     ),
     "collector": (),
 }

@@ -1,0 +1,49 @@
+"""Which nodes of a pool go first when it shrinks: the one removal order.
+
+The reconcile loop and the job simulator both take nodes out in this order, so what the
+simulator measures is what the loop does:
+
+1. booting nodes, newest first: nothing runs there yet, and the newest is furthest from
+   serving;
+2. ready nodes gpuscale already cordoned for removal: a removal a restart interrupted is
+   finished before a new one starts;
+3. the other ready nodes that may go (idle, or drainable: the scale-down check found their
+   pods room elsewhere), those with the fewest pods to move first, newest first among
+   equals.
+
+Ready nodes that may not go (real GPU jobs run there, their pods fit nowhere else, or a
+drain was blocked a moment ago) are never in the order. Nothing here knows Kubernetes.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Hashable, Iterable
+from dataclasses import dataclass
+from datetime import datetime
+
+
+@dataclass(frozen=True, slots=True)
+class RemovalCandidate:
+    """One node of a pool, as the removal order sees it."""
+
+    key: Hashable  # whatever names the node to the caller
+    launched_at: datetime | float  # any clock, one per call
+    booting: bool = False
+    removable: bool = True  # a ready node that is idle or drainable now
+    cordoned_by_us: bool = False
+    movable_pods: int = 0
+
+
+def removal_order(
+    candidates: Iterable[RemovalCandidate], count: int | None = None
+) -> list[RemovalCandidate]:
+    """The candidates that may go, in the order they go (see the module docstring); the
+    first `count` of them when given."""
+    newest_first = sorted(candidates, key=lambda c: c.launched_at, reverse=True)
+    booting = [c for c in newest_first if c.booting]
+    ready = sorted(  # stable: newest first among equals
+        (c for c in newest_first if not c.booting and c.removable),
+        key=lambda c: (not c.cordoned_by_us, c.movable_pods),
+    )
+    order = booting + ready
+    return order if count is None else order[: max(count, 0)]

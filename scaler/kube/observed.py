@@ -1,0 +1,217 @@
+"""The cluster as Kubernetes shows it now, on the one cluster model: one listing of nodes
+and pods, one snapshot.
+
+`observe_cluster` lists nodes and pods once and `observed_cluster` (pure) turns them into
+an `ObservedCluster`:
+
+- a `ClusterState` of the registered nodes: cordoned where `spec.unschedulable`, draining
+  where gpuscale cordoned the node for its removal (the removal annotation);
+- every bound pod that has not finished bound into it as a job, on the GPU indices our
+  bind recorded (the GPU index annotation) when they are readable, else on the best-fitting
+  GPUs (the scheduler already checked selectors and taints; only which GPUs is unknown).
+  Pods that say which GPUs they hold are bound first, so a guess never takes their GPUs;
+- DaemonSet and mirror pods are the node's overhead, not jobs: they go with their node, so
+  the node offers what is left beside them and no scale-down check tries to move them;
+- the pending pods (unbound, not finished) as jobs, placeholders flagged;
+- per node what the loop needs to remove it: its pool label, its provider's name, the real
+  pods a drain would move and whether real pods hold GPUs there.
+
+Whatever reads the cluster to decide (the reconcile loop's fleet, its reactive floor, the
+scale-down check, the placeholder sizing) reads this one snapshot.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field, replace
+
+from kubernetes import client as k8s
+
+from predictor.telemetry.kube_objects import (
+    KUBE_NAMES,
+    KubeNames,
+    NodeFacts,
+    PodRequest,
+    Taint,
+    read_node,
+    read_pod,
+)
+from scaler.cluster.job import Job
+from scaler.cluster.snapshot import ClusterState, NodeSpec
+from scaler.kube.errors import kube_call
+from scaler.kube.nodes import CORDONED_BY_GPUSCALE, cloud_node_name
+from scaler.kube.objects import job_of, spec_of
+from scaler.placement.policies.base import best_fit_gpus
+
+UNFINISHED = "status.phase!=Succeeded,status.phase!=Failed"
+
+
+@dataclass(frozen=True, slots=True)
+class ObservedNode:
+    """One registered node: where it belongs and what its removal would take."""
+
+    name: str  # the Kubernetes name
+    cloud_name: str  # the provider's name (from the providerID)
+    pool: str | None  # its pool label
+    cordoned: bool
+    draining: bool  # cordoned by gpuscale for its removal
+    movable_pods: int = 0  # real pods a drain would evict (placeholders and DaemonSets aside)
+    gpu_pods: int = 0  # real pods holding GPUs here
+    gpus_used: float = 0.0  # GPUs real pods hold here, shares counted as shares
+
+    @property
+    def busy(self) -> bool:
+        """Real GPU jobs run here: a scale-down must never kill training."""
+        return self.gpu_pods > 0
+
+
+@dataclass(frozen=True)
+class ObservedCluster:
+    state: ClusterState | None  # None: no node is registered
+    nodes: Mapping[str, ObservedNode]  # by Kubernetes name, in the state's order
+    specs: Mapping[str, NodeSpec]  # what each node offers beside its DaemonSet pods
+    pending: tuple[Job, ...] = ()  # unbound pods, placeholders included (flagged)
+    pending_pools: Mapping[str, str | None] = field(default_factory=dict)  # job -> pool wanted
+    pending_gpus: Mapping[str | None, float] = field(default_factory=dict)  # real, per pool
+    unbound: Mapping[str, str] = field(default_factory=dict)  # bound pod -> why not in state
+    taints: frozenset[str] = frozenset()  # every node's scheduling taints
+
+    @property
+    def real_pending(self) -> tuple[Job, ...]:
+        return tuple(j for j in self.pending if not j.placeholder)
+
+
+def observed_cluster(
+    nodes: Sequence[tuple[NodeFacts, str]],
+    pods: Sequence[PodRequest],
+    names: KubeNames = KUBE_NAMES,
+    removal_annotation: str = CORDONED_BY_GPUSCALE,
+) -> ObservedCluster:
+    """The snapshot of `nodes` (each with its provider's name) and `pods` (see the module
+    docstring)."""
+    facts = {f.name: (f, cloud) for f, cloud in nodes}
+    live = [p for p in pods if not p.finished]
+    overhead: dict[str, tuple[int, int]] = {}
+    for pod in live:
+        if pod.node in facts and pod.goes_with_node:
+            cpu, mem = overhead.get(pod.node, (0, 0))
+            overhead[pod.node] = (cpu + pod.cpu_milli, mem + pod.memory_mib)
+    specs: dict[str, NodeSpec] = {}
+    for name, (node, _) in facts.items():
+        spec = spec_of(node)
+        cpu, mem = overhead.get(name, (0, 0))
+        specs[name] = replace(
+            spec, cpu_milli=max(spec.cpu_milli - cpu, 0), memory_mib=max(spec.memory_mib - mem, 0)
+        )
+    taints = frozenset(t for s in specs.values() for t in s.taints)
+    node_taints = _taints(facts)
+
+    movable: dict[str, int] = {}
+    gpu_pods: dict[str, int] = {}
+    used: dict[str, float] = {}
+    bound: list[tuple[PodRequest, Job]] = []
+    pending: list[Job] = []
+    pending_pools: dict[str, str | None] = {}
+    pending_gpus: dict[str | None, float] = {}
+    for pod in live:
+        if pod.goes_with_node:
+            continue
+        job = job_of(pod, names, node_taints)
+        if pod.node is None:
+            pending.append(job)
+            pending_pools[job.id] = pod.wanted_pool
+            if not pod.placeholder:
+                wanted = pod.wanted_pool
+                pending_gpus[wanted] = pending_gpus.get(wanted, 0.0) + pod.gpu_demand
+            continue
+        if pod.node not in facts:
+            continue  # bound to a node that has not registered (or has gone)
+        bound.append((pod, job))
+        if not pod.placeholder:
+            movable[pod.node] = movable.get(pod.node, 0) + 1
+            if pod.gpus:
+                gpu_pods[pod.node] = gpu_pods.get(pod.node, 0) + 1
+                used[pod.node] = used.get(pod.node, 0.0) + pod.gpu_demand
+
+    observed = {
+        name: ObservedNode(
+            name=name,
+            cloud_name=cloud,
+            pool=node.pool,
+            cordoned=node.unschedulable,
+            draining=removal_annotation in node.annotations,
+            movable_pods=movable.get(name, 0),
+            gpu_pods=gpu_pods.get(name, 0),
+            gpus_used=used.get(name, 0.0),
+        )
+        for name, (node, cloud) in facts.items()
+    }
+    state = None
+    unbound: dict[str, str] = {}
+    if specs:
+        state = ClusterState.from_nodes(list(specs.values()))
+        state.set_draining(i for i, n in enumerate(state.names) if observed[n].draining)
+        unbound = _bind(state, bound)
+    return ObservedCluster(
+        state=state,
+        nodes=observed,
+        specs=specs,
+        pending=tuple(pending),
+        pending_pools=pending_pools,
+        pending_gpus=pending_gpus,
+        unbound=unbound,
+        taints=taints,
+    )
+
+
+def _taints(facts: Mapping[str, tuple[NodeFacts, str]]) -> list[Taint]:
+    """Every node's taints, so each job's tolerations are matched against them."""
+    seen: dict[str, Taint] = {}
+    for node, _ in facts.values():
+        for taint in node.taints:
+            seen[taint.text] = taint
+    return list(seen.values())
+
+
+def _bind(state: ClusterState, bound: Sequence[tuple[PodRequest, Job]]) -> dict[str, str]:
+    """Bind every bound pod's job into `state`: recorded GPU indices first, then best fit;
+    a job that does not fit (more than the node offers, a stale index) is left out, why."""
+    index = {name: i for i, name in enumerate(state.names)}
+    unbound: dict[str, str] = {}
+
+    def recorded(pod: PodRequest, job: Job) -> bool:
+        return pod.gpu_indices is not None and len(pod.gpu_indices) == job.num_gpu
+
+    ordered = sorted(bound, key=lambda pj: not recorded(*pj))
+    for pod, job in ordered:
+        if job.id in state.jobs:
+            continue
+        n = index[pod.node or ""]
+        gpus = pod.gpu_indices if recorded(pod, job) else None
+        try:
+            state.bind(job, n, gpus if gpus is not None else best_fit_gpus(state, job, n))
+        except ValueError as exc:
+            if gpus is None:
+                unbound[job.id] = str(exc)
+                continue
+            try:  # the recorded GPUs are taken: the pod holds some GPUs there all the same
+                state.bind(job, n, best_fit_gpus(state, job, n))
+            except ValueError as again:
+                unbound[job.id] = str(again)
+    return unbound
+
+
+def observe_cluster(api: k8s.ApiClient, names: KubeNames = KUBE_NAMES) -> ObservedCluster:
+    """List nodes and pods once (pods that have finished left out by the API server) and
+    return the snapshot. Raises KubeError when the API server cannot answer."""
+    core = k8s.CoreV1Api(api)
+    what = "read nodes and pods"
+    raw_nodes = kube_call(what, core.list_node).items or []
+    raw_pods = (
+        kube_call(what, lambda: core.list_pod_for_all_namespaces(field_selector=UNFINISHED)).items
+        or []
+    )
+    as_json = api.sanitize_for_serialization
+    nodes = [(read_node(as_json(n), names), cloud_node_name(n)) for n in raw_nodes]
+    pods = [read_pod(as_json(p), names) for p in raw_pods]
+    return observed_cluster(nodes, pods, names)
