@@ -26,6 +26,7 @@ from scaler.controller.reconcile import (
     hold_scale_downs,
     placeholder_demand,
 )
+from scaler.controller.removal_order import RemovalCandidate, removal_order
 from scaler.controller.system import LiveSystem
 from scaler.kube.observed import observed_cluster
 from scaler.kube.placeholders import PlaceholderDemand, PlaceholderSettings
@@ -175,6 +176,30 @@ def test_choose_removals_prefers_booting_then_resumed_then_idle_nodes() -> None:
         "booting",
         "resumed",
     ]
+
+
+def test_the_removal_order_needs_no_kubernetes() -> None:
+    """What the job simulator calls: any clock, any key."""
+    order = removal_order(
+        [
+            RemovalCandidate("old-idle", 1.0),
+            RemovalCandidate("new-idle", 5.0),
+            RemovalCandidate("kept", 9.0, removable=False),
+            RemovalCandidate("pods", 7.0, movable_pods=1),
+            RemovalCandidate("ours", 0.0, cordoned_by_us=True, movable_pods=4),
+            RemovalCandidate("boot-old", 2.0, booting=True),
+            RemovalCandidate("boot-new", 8.0, booting=True),
+        ]
+    )
+    assert [c.key for c in order] == [
+        "boot-new",
+        "boot-old",
+        "ours",
+        "new-idle",
+        "old-idle",
+        "pods",
+    ]
+    assert removal_order([RemovalCandidate("a", 0.0)], count=0) == []
 
 
 def kube_node(name: str, pool: str = "a100", gpus: int = 8, cpu: str = "96") -> dict:
