@@ -22,7 +22,7 @@ from kubernetes import client as k8s
 
 from predictor.telemetry.kube_objects import KUBE_NAMES, KubeNames
 from scaler.controller.removal_order import RemovalCandidate, removal_order
-from scaler.kube.observed import ObservedCluster, observe_cluster
+from scaler.kube.observed import ObserveCluster, ObservedCluster, observe_cluster
 from scaler.placement.policies.base import Policy
 from scaler.placement.scale_down import check_removals
 from scaler.planning.planner import FleetState, PoolFleet
@@ -168,8 +168,10 @@ def observe_fleet(
     api: k8s.ApiClient | None,
     names: KubeNames = KUBE_NAMES,
     assume_idle: bool = False,
+    observe: ObserveCluster = observe_cluster,
 ) -> FleetView:
-    """Read the provider (after a refresh) and, when given, the cluster. Without a
+    """Read the provider (after a refresh) and, when given, the cluster (with `observe`:
+    a process that reads the cluster elsewhere too passes its shared listing). Without a
     cluster, ready nodes count as idle only when `assume_idle` (a simulated cloud, where
     nothing runs); elsewhere they are treated as busy, since nothing can drain them."""
     provider.refresh()
@@ -192,7 +194,7 @@ def observe_fleet(
         }
         return FleetView(nodes, targets)
 
-    cluster = observe_cluster(api, names)
+    cluster = observe(api, names)
     by_cloud = {n.cloud_name: n for n in cluster.nodes.values()}
     pool_of_kube: dict[str, str] = {}
     for pool, found in cloud_nodes.items():

@@ -53,6 +53,7 @@ from scaler.controller.system import LiveSystem
 from scaler.kube.errors import KubeError
 from scaler.kube.nodes import DrainSettings, NodeRemoval, RemovalStatus
 from scaler.kube.objects import job_of, parse_taint
+from scaler.kube.observed import ObserveCluster, observe_cluster
 from scaler.kube.placeholders import (
     PlaceholderDemand,
     Placeholders,
@@ -421,12 +422,14 @@ class Reconciler:
         elector: LeaderElector | None = None,
         pause: Callable[[str], None] = lambda point: None,
         clock: Callable[[], datetime] = utc_now,
+        observe: ObserveCluster = observe_cluster,
     ) -> None:
         self.system = system
         self.config = system.config
         self.elector = elector
         self.pause = pause
         self.clock = clock
+        self.observe = observe  # `serve` shares one listing with its placement state
         self.identity = elector.identity if elector is not None else "local"
         self._dry_state: PlannerState | None = None  # a dry run's memory stays in memory
 
@@ -453,6 +456,7 @@ class Reconciler:
             self.system.kube,
             names,
             assume_idle=self.system.provider.name() == "simulated",
+            observe=self.observe,
         ).with_removal_checks(placement, unremovable)
         known: dict[str, list[str]] = self.system.log.load(KNOWN_KEY, {})
         current = {pool: {n.cloud_name for n in nodes} for pool, nodes in fleet.nodes.items()}

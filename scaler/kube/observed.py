@@ -22,7 +22,7 @@ scale-down check, the placeholder sizing) reads this one snapshot.
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 
 from kubernetes import client as k8s
@@ -199,6 +199,10 @@ def _bind(state: ClusterState, bound: Sequence[tuple[PodRequest, Job]]) -> dict[
             except ValueError as again:
                 unbound[job.id] = str(again)
     return unbound
+
+
+# How a caller gets the snapshot: `observe_cluster`, or a listing shared within a process.
+ObserveCluster = Callable[[k8s.ApiClient, KubeNames], ObservedCluster]
 
 
 def observe_cluster(api: k8s.ApiClient, names: KubeNames = KUBE_NAMES) -> ObservedCluster:
