@@ -525,7 +525,7 @@ def test_an_unreachable_api_server_is_not_ready_and_named(tmp_path: Path) -> Non
     config = live_config(tmp_path, kubernetes={"host": gone, "request_timeout_s": 1})
     with TestClient(create_app(config)) as client:
         ready = client.get("/readyz")
-        assert ready.status_code == 503 and "list nodes and pods" in ready.json()["cluster_error"]
+        assert ready.status_code == 503 and "read nodes and pods" in ready.json()["cluster_error"]
         job = client.post("/v1/placements", json={"id": "j", "num_gpu": 1}, headers=AUTH)
         assert job.status_code == 409 and job.json()["detail"]["reason"] == "no nodes known yet"
         plan = client.get("/v1/plan")  # the loop's dependency is down: 503 with the reason

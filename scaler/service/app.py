@@ -20,6 +20,7 @@ from scaler.providers.base import ProviderError
 from scaler.service.cluster import LiveCluster
 from scaler.service.context import ServiceContext
 from scaler.service.extender import Extender
+from scaler.service.listing import SharedListing
 from scaler.service.metrics import ServiceMetrics
 from scaler.service.planning import PlanDesk
 from scaler.service.request_metrics import RequestMetrics
@@ -35,7 +36,9 @@ ExtenderArgs / ExtenderFilterResult / HostPriorityList / ExtenderBindingArgs JSO
 
 def create_app(config: LiveConfig, system: LiveSystem | None = None) -> FastAPI:
     system = system or LiveSystem.build(config)
-    cluster = LiveCluster(system)
+    # One listing of the cluster per sync interval, for the placement state and the plan.
+    listing = SharedListing(config.placement.sync_s)
+    cluster = LiveCluster(system, listing=listing)
     metrics = ServiceMetrics()
 
     def node_count() -> float:
@@ -67,7 +70,7 @@ def create_app(config: LiveConfig, system: LiveSystem | None = None) -> FastAPI:
         system=system,
         cluster=cluster,
         extender=Extender(cluster),
-        planning=PlanDesk(system),
+        planning=PlanDesk(system, observe=listing),
         metrics=metrics,
         token=config.service.bearer_token(),
     )

@@ -1,12 +1,16 @@
 """The cluster the placement service answers for, kept in memory.
 
-Nodes come from the config's fixed list, else from Kubernetes (re-listed at most every
-`placement.sync_s`, with the pods bound to them and the GPU indices our bind recorded on
-them), else from the provider's nodes with their pool's template. Jobs the service placed
-itself (`POST /v1/placements`, extender binds not yet seen on a pod) are kept and bound
-again whenever the state is rebuilt. One lock guards it all: the engine's state is not
-thread-safe, and calls come from the event loop and from the thread pool (a re-listing of
-the sources, the extender's bind, the metrics' gauges).
+Nodes come from the config's fixed list, else from Kubernetes (the process's one listing,
+`SharedListing`, taken at most every `placement.sync_s` and shared with the plan: the
+loop's snapshot of the registered nodes, cordoned and draining ones marked, with the pods
+bound to them on the GPU indices our bind recorded), else from the provider's nodes with
+their pool's template. Nodes the scheduler sends that the source did not list are learned
+until the next listing. Jobs the service placed itself (`POST /v1/placements`, extender
+binds not yet seen on a pod) are kept and bound again whenever the state is rebuilt.
+
+One lock guards it all: the engine's state is not thread-safe, and calls come from the
+event loop and from the thread pool (a re-listing of the sources, the extender's bind, the
+metrics' gauges).
 """
 
 from __future__ import annotations
@@ -20,10 +24,11 @@ from http import HTTPStatus
 
 from kubernetes import client as k8s
 
-from scaler.controller.config import workload_mix
+from scaler.controller.config import kube_names, workload_mix
 from scaler.controller.system import LiveSystem
 from scaler.kube.errors import KubeError, Refusal, kube_call
-from scaler.kube.objects import KubeNames, gpus_of, node_spec, pod_job
+from scaler.kube.objects import node_spec
+from scaler.kube.observed import ObservedCluster
 from scaler.placement import (
     ClusterState,
     Job,
@@ -35,7 +40,7 @@ from scaler.placement import (
     place,
     preempt,
 )
-from scaler.placement.policies.base import best_fit_gpus
+from scaler.service.listing import SharedListing
 from scaler.service.models import KubeNode, KubePod
 
 POD_CACHE = 4096  # pods remembered between filter and bind (the scheduler's in flight)
@@ -45,31 +50,34 @@ POD_CACHE = 4096  # pods remembered between filter and bind (the scheduler's in 
 class Bound:
     job: Job
     node: str
-    gpus: tuple[int, ...] | None  # None: not known (a pod bound by someone else)
+    gpus: tuple[int, ...]
 
 
 class LiveCluster:
-    def __init__(self, system: LiveSystem, clock: Callable[[], float] = time.monotonic) -> None:
+    def __init__(
+        self,
+        system: LiveSystem,
+        clock: Callable[[], float] = time.monotonic,
+        listing: SharedListing | None = None,
+    ) -> None:
         config = system.config
         self.system = system
         self.settings = config.placement
-        kube = config.kubernetes
-        self.names = KubeNames(
-            gpu_resource=kube.gpu_resource if kube else "nvidia.com/gpu",
-            gpu_model_label=kube.gpu_model_label if kube else "nvidia.com/gpu.product",
-            gpu_milli_annotation=kube.gpu_milli_annotation if kube else "gpuscale.io/gpu-milli",
-            gpus_annotation=kube.gpus_annotation if kube else "gpuscale.io/gpus",
-        )
-        self.pool_label = kube.pool_label if kube else "gpuscale.io/pool"
+        self.names = kube_names(config.kubernetes)
+        self.pool_label = self.names.pool_label
         self.policy = make_policy(
             self.settings.policy, mix=workload_mix(self.settings.mix), seed=self.settings.seed
         )
         self._clock = clock
+        self._listing = listing or SharedListing(self.settings.sync_s, clock)
         self._lock = threading.RLock()
-        self._specs: dict[str, NodeSpec] = {}
+        self._specs: dict[str, NodeSpec] = {}  # as the source lists them
+        self._learned: dict[str, NodeSpec] = {}  # sent by the scheduler, not (yet) listed
         self._observed: dict[str, Bound] = {}  # from Kubernetes pods
+        self._draining: frozenset[str] = frozenset()  # gpuscale is removing them
         self._placed: dict[str, Bound] = {}  # by this service
         self._state: ClusterState | None = None
+        self._seen: ObservedCluster | None = None  # the listing the state was built from
         self._synced_at: float | None = None
         self._pods: OrderedDict[str, KubePod] = OrderedDict()
         self.error: str | None = None
@@ -83,7 +91,7 @@ class LiveCluster:
         """The current state (re-synced when due); None while no node is known."""
         with self._lock:
             self._sync_if_due()
-            if self._state is None and self._specs:
+            if self._state is None and (self._specs or self._learned):
                 self._rebuild()
             return self._state
 
@@ -132,13 +140,15 @@ class LiveCluster:
             self._placed[job.id] = Bound(job, placement.node, placement.gpus)
 
     def upsert_nodes(self, nodes: Sequence[KubeNode]) -> None:
-        """Nodes the scheduler sent (nodeCacheCapable false): learn new or changed ones."""
+        """Nodes the scheduler sent (nodeCacheCapable false): learn those the source did
+        not list (the source's own view wins: a listed node's spec is what it offers beside
+        its DaemonSet pods, which the scheduler's copy does not say)."""
         with self._lock:
             changed = False
             for node in nodes:
                 spec = node_spec(node, self.names)
-                if self._specs.get(spec.name) != spec:
-                    self._specs[spec.name] = spec
+                if spec.name not in self._specs and self._learned.get(spec.name) != spec:
+                    self._learned[spec.name] = spec
                     changed = True
             if changed:
                 self._rebuild()
@@ -172,18 +182,34 @@ class LiveCluster:
         """Whether a read in the next `within_s` seconds re-lists the cluster's sources:
         network I/O to the API server or the cloud, where every other call here is in
         memory."""
+        if self._kube() is not None:
+            return self._listing.due(within_s)
         if self._synced_at is None:
             return True
-        if not self._follows_a_source():
+        if self.settings.nodes:
             return False
         return self._clock() + within_s - self._synced_at >= self.settings.sync_s
 
+    def _kube(self) -> k8s.ApiClient | None:
+        """The API server, when it is the source of nodes."""
+        return None if self.settings.nodes else self.system.kube
+
     def _sync_if_due(self) -> None:
-        if not self.sync_due():
+        """Adopt a new listing (Kubernetes: the shared one, when it is newer than the
+        state's) or re-read the fixed list or the provider when due."""
+        kube = self._kube()
+        if kube is None and not self.sync_due():
             return
         now = self._clock()
         try:
-            specs, observed = self._read_sources()
+            if kube is not None:
+                seen = self._listing(kube, self.names)
+                if seen is self._seen:
+                    return
+                specs, observed, draining = _from_listing(seen)
+                self._seen = seen
+            else:
+                specs, observed, draining = self._read_sources(), {}, frozenset()
         except (KubeError, ValueError) as exc:
             self.error = str(exc)
             self._synced_at = now  # try again after sync_s, not on every request
@@ -192,14 +218,15 @@ class LiveCluster:
         self._synced_at = now
         for job_id in observed:
             self._placed.pop(job_id, None)  # the pod now says where it runs
-        if specs != self._specs or observed != self._observed or self._state is None:
-            self._specs, self._observed = specs, observed
+        self._learned.clear()  # the listing is newer than what the scheduler sent
+        if (specs, observed, draining) != (self._specs, self._observed, self._draining) or (
+            self._state is None
+        ):
+            self._specs, self._observed, self._draining = specs, observed, draining
             self._rebuild()
 
-    def _follows_a_source(self) -> bool:
-        return not self.settings.nodes
-
-    def _read_sources(self) -> tuple[dict[str, NodeSpec], dict[str, Bound]]:
+    def _read_sources(self) -> dict[str, NodeSpec]:
+        """The fixed list's nodes, else the provider's."""
         if self.settings.nodes:
             specs = {}
             for n in self.settings.nodes:
@@ -212,35 +239,8 @@ class LiveCluster:
                     model=n.gpu_model,
                     labels=tuple(sorted(labels.items())),
                 )
-            return specs, {}
-        if self.system.kube is not None:
-            return self._read_kubernetes(self.system.kube)
-        return self._read_provider(), {}
-
-    def _read_kubernetes(self, api: k8s.ApiClient) -> tuple[dict[str, NodeSpec], dict[str, Bound]]:
-        core = k8s.CoreV1Api(api)
-        what = "list nodes and pods"
-        nodes = kube_call(what, core.list_node).items
-        pods = kube_call(
-            what,
-            lambda: core.list_pod_for_all_namespaces(
-                field_selector="status.phase!=Succeeded,status.phase!=Failed"
-            ),
-        ).items
-        specs = {}
-        for raw in nodes:
-            node = KubeNode.model_validate(api.sanitize_for_serialization(raw))
-            specs[node.metadata.name] = node_spec(node, self.names)
-        observed = {}
-        for raw in pods:
-            if not raw.spec or not raw.spec.node_name or raw.spec.node_name not in specs:
-                continue
-            pod = KubePod.model_validate(api.sanitize_for_serialization(raw))
-            if pod.status.phase in ("Succeeded", "Failed"):
-                continue
-            job = pod_job(pod, self.names)
-            observed[job.id] = Bound(job, raw.spec.node_name, gpus_of(pod, self.names))
-        return specs, observed
+            return specs
+        return self._read_provider()
 
     def _read_provider(self) -> dict[str, NodeSpec]:
         provider = self.system.provider
@@ -263,25 +263,34 @@ class LiveCluster:
         """A fresh engine state from the nodes, with every known job bound again (pods
         first, then the service's own placements); a job that no longer fits is left out
         of the state, not failed."""
-        if not self._specs:
+        specs = {**self._learned, **self._specs}
+        if not specs:
             self._state = None
             return
         # By name: the policies break ties by node index, so the same nodes must give the
         # same state however their source listed them (config order, API server order, the
         # scheduler's node list arriving later).
-        state = ClusterState.from_nodes(sorted(self._specs.values(), key=lambda s: s.name))
+        state = ClusterState.from_nodes(sorted(specs.values(), key=lambda s: s.name))
         index = {name: i for i, name in enumerate(state.names)}
+        state.set_draining(index[name] for name in self._draining if name in index)
         for bound in (*self._observed.values(), *self._placed.values()):
             n = index.get(bound.node)
             if n is None or bound.job.id in state.jobs or bound.job.problem() is not None:
                 continue
-            gpus = bound.gpus
-            if gpus is None or len(gpus) != bound.job.num_gpu:
-                # Placed by someone else: the scheduler already checked selectors and
-                # taints; only which GPUs it holds is unknown.
-                gpus = best_fit_gpus(state, bound.job, n)
             try:
-                state.bind(bound.job, n, gpus)
+                state.bind(bound.job, n, bound.gpus)
             except ValueError:
                 continue
         self._state = state
+
+
+def _from_listing(
+    cluster: ObservedCluster,
+) -> tuple[dict[str, NodeSpec], dict[str, Bound], frozenset[str]]:
+    """The nodes, the jobs bound on them and the draining nodes of the loop's snapshot."""
+    state = cluster.state
+    if state is None:
+        return {}, {}, frozenset()
+    observed = {a.job.id: Bound(a.job, state.names[a.node], a.gpus) for a in state.jobs.values()}
+    draining = frozenset(name for i, name in enumerate(state.names) if state.draining[i])
+    return dict(cluster.specs), observed, draining

@@ -1,6 +1,7 @@
 """Forecasts, the plan and the node pools as the service shows them: the reconcile loop's
 own dry-run decision (the same reading, forecast and planner), reused for a few seconds so
-a dashboard polling it does not refit or re-describe the cloud on every call."""
+a dashboard polling it does not refit or re-describe the cloud on every call. It reads the
+cluster through `observe`: in `serve`, the listing the placement state reads too."""
 
 from __future__ import annotations
 
@@ -10,6 +11,7 @@ from collections.abc import Callable
 
 from scaler.controller.reconcile import Decision, Reconciler
 from scaler.controller.system import LiveSystem
+from scaler.kube.observed import ObserveCluster, observe_cluster
 from scaler.providers.base import NodeStatus
 from scaler.service.models import (
     ForecastResponse,
@@ -22,9 +24,14 @@ from scaler.service.models import (
 
 
 class PlanDesk:
-    def __init__(self, system: LiveSystem, clock: Callable[[], float] = time.monotonic) -> None:
+    def __init__(
+        self,
+        system: LiveSystem,
+        clock: Callable[[], float] = time.monotonic,
+        observe: ObserveCluster = observe_cluster,
+    ) -> None:
         self.system = system
-        self.reconciler = Reconciler(system)
+        self.reconciler = Reconciler(system, observe=observe)
         self._clock = clock
         self._lock = threading.Lock()
         self._cached: tuple[float, Decision] | None = None
