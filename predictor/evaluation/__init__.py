@@ -1,0 +1,1 @@
+"""Scoring forecasts: the forecast benchmark's backtest and the forecast-vs-actual plot."""

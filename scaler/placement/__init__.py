@@ -1,4 +1,6 @@
-"""Placement engine: which node and which GPUs each job gets.
+"""The scheduling simulation: which node and which GPUs each job gets, and everything that
+asks "where would this go?" on the same engine: gangs, preemption, queue admission,
+defragmentation, the scale-up estimate on pool templates and the scale-down check.
 
 from scaler.placement import ClusterState, Job, Placement, place, POLICIES
 """
