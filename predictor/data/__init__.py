@@ -1,1 +1,2 @@
-"""Demand data: trace loaders (Philly, Helios, Alibaba openb, CSV) and the long series format on a step grid."""
+"""Demand data: trace loaders (Philly, Helios, Alibaba openb, CSV) and the long series format
+on a step grid."""
