@@ -33,9 +33,9 @@ from prometheus_fixture import GpuExporter, PrometheusServer, Values, labels
 from typer.testing import CliRunner
 
 from predictor.telemetry.config import pod_gpu_requests
+from predictor.telemetry.kube_objects import KUBE_NAMES
 from scaler.cli import app as gpuscale
 from scaler.controller.journal import DecisionLog
-from scaler.kube.nodes import CORDONED_BY_GPUSCALE
 
 pytestmark = pytest.mark.integration
 
@@ -194,7 +194,7 @@ def test_demand_up_scales_the_group_and_pre_positions_then_down_drains_and_shrin
     for instance in gone:  # cordoned, then drained, before the instance went
         node = fake.get("nodes", nodes[instance])
         assert node["spec"]["unschedulable"] is True
-        assert CORDONED_BY_GPUSCALE in node["metadata"]["annotations"]
+        assert KUBE_NAMES.removal_annotation in node["metadata"]["annotations"]
     evicted = [p.split("/")[-2] for m, p in fake.requests if p.endswith("/eviction")]
     assert "batch-0" in evicted and "serve-0" in evicted
     assert [p["metadata"]["name"] for p in fake.objects("pods", "ml")] == ["serve-0", "train-0"]

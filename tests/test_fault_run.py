@@ -47,6 +47,7 @@ import pytest
 from fake_kube import ApiFaults, FakeKube
 from live_fixtures import GPU_PRODUCT, POOL_LABEL, fast_policy
 
+from predictor.telemetry.kube_objects import KUBE_NAMES
 from predictor.telemetry.store import TelemetryStore
 from scaler.cluster.pools import NodePool
 from scaler.controller.config import KubernetesSection, LiveConfig
@@ -54,7 +55,6 @@ from scaler.controller.journal import DecisionLog
 from scaler.controller.reconcile import Reconciler
 from scaler.controller.system import LiveSystem, kube_client
 from scaler.kube.errors import KubeError
-from scaler.kube.nodes import CORDONED_BY_GPUSCALE
 from scaler.kube.placeholders import PLACEHOLDER_LABELS, PlaceholderSettings
 from scaler.planning.demand import ForecastModel
 from scaler.providers.base import NodeStatus, ProviderError
@@ -687,7 +687,7 @@ class FaultRun:
         cordoned = [
             n["metadata"]["name"]
             for n in self.kube.objects("nodes")
-            if CORDONED_BY_GPUSCALE in (n["metadata"].get("annotations") or {})
+            if KUBE_NAMES.removal_annotation in (n["metadata"].get("annotations") or {})
         ]
         fig.check("no_node_left_cordoned", not cordoned, at, lambda: f"cordoned {cordoned}")
         # Every launch the cloud made, against what all the recorded decisions asked.

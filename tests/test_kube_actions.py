@@ -11,10 +11,10 @@ import pytest
 from fake_kube import FakeKube
 from kubernetes import client as k8s
 
+from predictor.telemetry.kube_objects import KUBE_NAMES
 from scaler.cluster.pools import NodePool
 from scaler.kube.errors import KubeError
 from scaler.kube.nodes import (
-    CORDONED_BY_GPUSCALE,
     DrainSettings,
     NodeRemoval,
     RemovalStatus,
@@ -122,7 +122,7 @@ def test_cordon_is_idempotent_and_marks_who_did_it(cluster: Cluster) -> None:
     removal.uncordon(node)
     cleared = cluster.fake.get("nodes", node)
     assert not cleared["spec"].get("unschedulable")
-    assert CORDONED_BY_GPUSCALE not in (cleared["metadata"].get("annotations") or {})
+    assert KUBE_NAMES.removal_annotation not in (cleared["metadata"].get("annotations") or {})
 
 
 def test_removal_drains_placeholders_first_then_the_provider_deletes_that_node(

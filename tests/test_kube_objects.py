@@ -128,6 +128,19 @@ def test_placeholders_daemonsets_and_mirror_pods_are_told_apart() -> None:
     assert read_pod(done).finished
 
 
+def test_what_a_drain_needs_of_a_pod_is_read_with_the_rest() -> None:
+    plain = read_pod(shared_pod())
+    assert plain.safe_to_evict and not plain.deleting and plain.labels == ()
+    guarded = shared_pod()
+    guarded["metadata"]["annotations"]["cluster-autoscaler.kubernetes.io/safe-to-evict"] = "false"
+    guarded["metadata"]["labels"] = {"app": "trainer"}
+    guarded["metadata"]["deletionTimestamp"] = "2025-03-01T00:00:00Z"
+    read = read_pod(guarded)
+    assert not read.safe_to_evict and read.deleting and read.labels == (("app", "trainer"),)
+    held = read_pod(placeholder_pod(PlaceholderSettings(), "a100", 0, 8))
+    assert held.safe_to_evict  # placeholders say so: nothing guards them
+
+
 def test_a_node_is_its_allocatable_resources_labels_scheduling_taints_and_cordon() -> None:
     node = {
         "metadata": {
@@ -155,6 +168,8 @@ def test_a_node_is_its_allocatable_resources_labels_scheduling_taints_and_cordon
     assert node_spec(KubeNode.model_validate(node)) == spec
     facts = read_node(node)
     assert facts.ready and facts.pool == "a100" and facts.provider_id.endswith("i-0abc")
+    assert facts.cloud_name == "i-0abc"
+    assert read_node({"metadata": {"name": "kind-worker"}}).cloud_name == "kind-worker"
     assert taint_text(parse_taint("a=:NoExecute")) == "a=:NoExecute"
 
 
@@ -166,6 +181,24 @@ def test_the_names_are_configurable_in_one_place() -> None:
     job = pod_job(pod, names)
     assert (job.num_gpu, job.node_selector) == (2, (("karpenter.sh/nodepool", "mi300"),))
     assert read_pod(pod, names).wanted_pool == "mi300"
+
+
+def test_the_collector_and_the_scaler_read_the_same_names() -> None:
+    """A renamed convention in the scaler's kubernetes section reaches the collector's
+    reading too (the section is the collector's settings plus the bind's annotation)."""
+    from predictor.telemetry.config import KubernetesSettings
+    from predictor.telemetry.kubernetes import kube_names as collector_names
+    from scaler.controller.config import KubernetesSection
+
+    assert collector_names(KubernetesSettings()) == KUBE_NAMES
+    renamed = {"gpu_milli_annotation": "example.com/share", "pool_label": "example.com/pool"}
+    section = KubernetesSection(**renamed, gpus_annotation="example.com/gpus")
+    names = section.names()
+    assert names == KubeNames(**renamed, gpus_annotation="example.com/gpus")
+    assert collector_names(KubernetesSettings(**renamed)) == KubeNames(**renamed)
+    pod = shared_pod()
+    pod["metadata"]["annotations"] = {"example.com/share": "300"}
+    assert read_pod(pod, collector_names(KubernetesSettings(**renamed))).gpu_demand == 0.3
 
 
 # ---- the one cluster listing ------------------------------------------------------------

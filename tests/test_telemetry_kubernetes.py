@@ -216,6 +216,22 @@ def test_a_shared_gpu_counts_as_its_share(cluster) -> None:
     assert got["gpu_demand"] == {"a100": 13.5, "h100": 6.25, UNPOOLED: 1.0}
 
 
+def test_a_renamed_share_annotation_is_read_by_the_collector(cluster) -> None:
+    """The collector's settings name the GPU-share annotation, as the scaler's do: a
+    cluster that asks shares under another name is counted in shares all the same."""
+    fake, settings = cluster
+    made = pod("notebook", (1,), "Pending", selector={POOL: "h100"})
+    made["metadata"]["annotations"] = {"example.com/share": "250"}
+    fake.create("pods", made)
+    renamed = settings.model_copy(update={"gpu_milli_annotation": "example.com/share"})
+    for which, pending in ((settings, 5.0), (renamed, 4.25)):
+        source = KubernetesSource(which)
+        try:
+            assert demand_of(source)["pending"]["h100"] == pending
+        finally:
+            source.close()
+
+
 def test_watched_demand_follows_pod_changes(cluster) -> None:
     fake, settings = cluster
     source = KubernetesSource(settings)

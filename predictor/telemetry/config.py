@@ -8,12 +8,14 @@ that names the file and the field, so a bad config never reaches a running loop.
 
 from __future__ import annotations
 
+import re
 import socket
 from pathlib import Path
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
 from predictor.foundation.config_files import FileSettings, load_model
+from predictor.telemetry.kube_objects import KUBE_NAMES
 from predictor.telemetry.sources import RetryPolicy
 
 # DCGM exporter series carry pod labels that come and go with the pods on a GPU; keeping
@@ -31,8 +33,10 @@ def pod_gpu_requests(phases: str, exclude_namespace: str = PLACEHOLDER_NAMESPACE
     the cluster (kube-state-metrics), leaving out the placeholders' namespace. The `or`
     branch yields 0 only while kube-state-metrics is being scraped and no such pod exists,
     so its outage stays a gap, never a 0."""
+    # kube-state-metrics names a resource with its non-alphanumerics as underscores.
+    resource = re.sub(r"[^a-zA-Z0-9]", "_", KUBE_NAMES.gpu_resource)
     return (
-        'sum(kube_pod_container_resource_requests{resource="nvidia_com_gpu",'
+        f'sum(kube_pod_container_resource_requests{{resource="{resource}",'
         f'namespace!="{exclude_namespace}"}}'
         " * on (namespace, pod) group_left ()"
         f' max by (namespace, pod) (kube_pod_status_phase{{phase=~"{phases}"}} == 1))'
@@ -97,9 +101,12 @@ class KubernetesSettings(_Section):
         default=None, description="kubeconfig file; none: the in-cluster service account"
     )
     context: str | None = None
-    pool_label: str = Field(default="gpuscale.io/pool", description="node label naming the pool")
-    gpu_model_label: str = Field(default="nvidia.com/gpu.product")
-    gpu_resource: str = Field(default="nvidia.com/gpu")
+    pool_label: str = Field(default=KUBE_NAMES.pool_label, description="node label naming the pool")
+    gpu_model_label: str = Field(default=KUBE_NAMES.gpu_model_label)
+    gpu_resource: str = Field(default=KUBE_NAMES.gpu_resource)
+    gpu_milli_annotation: str = Field(
+        default=KUBE_NAMES.gpu_milli_annotation, description="pod annotation asking a GPU share"
+    )
     watch_timeout_s: int = Field(default=300, ge=1, description="server-side watch timeout")
     request_timeout_s: float = Field(default=10.0, gt=0)
 

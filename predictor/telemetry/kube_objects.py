@@ -1,11 +1,13 @@
 """Kubernetes objects as gpuscale reads them: one set of names, one reading of a pod and a node.
 
 Where Kubernetes carries what gpuscale needs (the GPU resource, the GPU model label, the
-GPU-share and GPU-index annotations, the pool label, the placeholder labels) is said once,
-in `KubeNames`. What a pod asks (whole GPUs and the share of each, CPU, memory, priority,
-the pool it wants, whether it is one of gpuscale's placeholders, whether it goes with its
-node, whether it has finished) is read once, by `read_pod`; a node's capacity and
-scheduling attributes by `read_node`. Telemetry counts demand from these readings and the
+GPU-share and GPU-index annotations, the pool label, the placeholder labels, the
+annotation gpuscale marks a node it is removing with) is said once, in `KubeNames`; the
+names Kubernetes and Cluster Autoscaler fix (mirror pods, safe-to-evict) once, here. What
+a pod asks (whole GPUs and the share of each, CPU, memory, priority, the pool it wants,
+whether it is one of gpuscale's placeholders, whether it goes with its node, whether it
+has finished, whether it may be evicted) is read once, by `read_pod`; a node's capacity
+and scheduling attributes by `read_node`. Telemetry counts demand from these readings and the
 scaler turns them into the placement engine's jobs and nodes (scaler.kube.objects), so the
 demand series, the live loop, the service and the extender agree on every pod.
 
@@ -25,6 +27,8 @@ from kubernetes.utils import parse_quantity
 
 WHOLE_GPU_MILLI = 1000  # a GPU's share in thousandths (scaler.cluster.job's unit)
 MIRROR_ANNOTATION = "kubernetes.io/config.mirror"  # static pods the kubelet runs
+# Cluster Autoscaler's: "false" on a pod: never evict it; "true": evict it freely.
+SAFE_TO_EVICT_ANNOTATION = "cluster-autoscaler.kubernetes.io/safe-to-evict"
 FINISHED_PHASES = ("Succeeded", "Failed")
 MIB = 2**20
 
@@ -39,6 +43,9 @@ class KubeNames:
     gpu_milli_annotation: str = "gpuscale.io/gpu-milli"  # pod: share of its one GPU, 1..1000
     gpus_annotation: str = "gpuscale.io/gpus"  # pod: the GPU indices its bind chose
     pool_label: str = "gpuscale.io/pool"  # node: its pool; pod selector: the pool it wants
+    # node: gpuscale cordoned it to remove it (the value: when the removal started)
+    removal_annotation: str = "gpuscale.io/removal-started"
+    spec_hash_label: str = "gpuscale.io/spec-hash"  # placeholder pod: the hash of its spec
     placeholder_labels: tuple[tuple[str, str], ...] = (
         ("app.kubernetes.io/managed-by", "gpuscale"),
         ("app.kubernetes.io/component", "placeholder"),
@@ -104,6 +111,7 @@ class PodRequest:
     namespace: str
     name: str
     phase: str
+    labels: tuple[tuple[str, str], ...]
     node: str | None  # the node it is bound to
     gpus: int  # devices of the GPU resource
     gpu_milli: int  # share of each GPU in thousandths (1000: whole; 0: no GPU)
@@ -115,6 +123,8 @@ class PodRequest:
     tolerations: tuple[Toleration, ...]
     placeholder: bool
     goes_with_node: bool  # a DaemonSet or mirror pod: never evicted, ends with its node
+    safe_to_evict: bool  # False: annotated safe-to-evict "false", so no drain may evict it
+    deleting: bool  # its deletion has begun (a deletionTimestamp)
     gpu_indices: tuple[int, ...] | None  # from the GPU index annotation, if readable
     share_problem: str | None = None  # a GPU-share annotation that is no share (read whole)
 
@@ -148,6 +158,14 @@ class NodeFacts:
     unschedulable: bool  # cordoned
     ready: bool
     provider_id: str | None
+
+    @property
+    def cloud_name(self) -> str:
+        """The provider's name of the node: the last part of its providerID
+        (`aws:///us-east-1a/i-0abc` -> `i-0abc`), or its name where there is none."""
+        if self.provider_id:
+            return self.provider_id.rstrip("/").rsplit("/", 1)[-1]
+        return self.name
 
 
 def as_json(obj: Any) -> Mapping[str, Any]:
@@ -285,6 +303,7 @@ def read_pod(pod: Any, names: KubeNames = KUBE_NAMES) -> PodRequest:
         namespace=str(meta.get("namespace") or "default"),
         name=str(meta.get("name") or ""),
         phase=str(status.get("phase") or "Pending"),
+        labels=tuple(sorted((str(k), str(v)) for k, v in labels.items())),
         node=spec.get("nodeName") or None,
         gpus=gpus,
         gpu_milli=share,
@@ -300,6 +319,8 @@ def read_pod(pod: Any, names: KubeNames = KUBE_NAMES) -> PodRequest:
         placeholder=names.is_placeholder(labels),
         goes_with_node=MIRROR_ANNOTATION in annotations
         or any(_map(o).get("kind") == "DaemonSet" for o in owners),
+        safe_to_evict=annotations.get(SAFE_TO_EVICT_ANNOTATION) != "false",
+        deleting=meta.get("deletionTimestamp") is not None,
         gpu_indices=_indices(annotations.get(names.gpus_annotation)),
         share_problem=problem,
     )

@@ -98,6 +98,7 @@ def kube_names(settings: KubernetesSettings) -> KubeNames:
     return KubeNames(
         gpu_resource=settings.gpu_resource,
         gpu_model_label=settings.gpu_model_label,
+        gpu_milli_annotation=settings.gpu_milli_annotation,
         pool_label=settings.pool_label,
     )
 

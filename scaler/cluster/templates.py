@@ -7,10 +7,11 @@ asks for a pool (node selector) lands only there.
 
 from __future__ import annotations
 
+from predictor.telemetry.kube_objects import KUBE_NAMES
 from scaler.cluster.pools import NodePool
 from scaler.cluster.snapshot import NodeSpec
 
-POOL_LABEL = "gpuscale.io/pool"
+POOL_LABEL = KUBE_NAMES.pool_label
 
 
 def template_node(pool: NodePool, name: str, pool_label: str = POOL_LABEL) -> NodeSpec:

@@ -27,6 +27,7 @@ from __future__ import annotations
 import re
 import socket
 from collections.abc import Sequence
+from dataclasses import replace
 from pathlib import Path
 from typing import Literal
 
@@ -42,6 +43,7 @@ from predictor.foundation.config_files import FileSettings, load_model
 from predictor.foundation.errors import InputError
 from predictor.telemetry.config import KubernetesSettings
 from predictor.telemetry.kube_objects import KUBE_NAMES, KubeNames
+from predictor.telemetry.kubernetes import kube_names as collector_names
 from scaler.cluster.job import Job
 from scaler.cluster.pools import NodePool
 from scaler.kube.placeholders import PlaceholderSettings
@@ -104,9 +106,6 @@ class KubernetesSection(KubernetesSettings):
         " like the jobs of placement.mix, packed onto the room the plan provides",
     )
     placeholders: PlaceholderSettings = PlaceholderSettings()
-    gpu_milli_annotation: str = Field(
-        default=KUBE_NAMES.gpu_milli_annotation, description="pod annotation asking a GPU share"
-    )
     gpus_annotation: str = Field(
         default=KUBE_NAMES.gpus_annotation,
         description="pod annotation recording its GPU indices",
@@ -123,14 +122,9 @@ class KubernetesSection(KubernetesSettings):
         return self
 
     def names(self) -> KubeNames:
-        """Where this cluster's objects carry what gpuscale needs."""
-        return KubeNames(
-            gpu_resource=self.gpu_resource,
-            gpu_model_label=self.gpu_model_label,
-            gpu_milli_annotation=self.gpu_milli_annotation,
-            gpus_annotation=self.gpus_annotation,
-            pool_label=self.pool_label,
-        )
+        """Where this cluster's objects carry what gpuscale needs: the collector's names
+        (so telemetry and the scaler read a pod alike) and the bind's GPU index annotation."""
+        return replace(collector_names(self), gpus_annotation=self.gpus_annotation)
 
 
 def kube_names(section: KubernetesSection | None) -> KubeNames:

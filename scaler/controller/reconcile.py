@@ -632,7 +632,9 @@ class Reconciler:
         try:
             if removal.kube_name is not None and self.system.kube is not None and kube:
                 drain = DrainSettings(kube.drain.timeout_s, kube.drain.poll_s)
-                removing = NodeRemoval(self.system.kube, self.system.provider, drain)
+                removing = NodeRemoval(
+                    self.system.kube, self.system.provider, drain, names=kube_names(kube)
+                )
                 result = removing.remove(removal.kube_name)
                 status, why = _status_of(result.status), result.reason
                 if result.status is not RemovalStatus.REMOVED:
@@ -662,7 +664,10 @@ class Reconciler:
         log_ = self.system.log
         action = log_.begin(decision_id, node.pool, "uncordon", node.cloud_name, {})
         try:
-            NodeRemoval(self.system.kube, self.system.provider).uncordon(node.kube_name)
+            names = kube_names(self.config.kubernetes)
+            NodeRemoval(self.system.kube, self.system.provider, names=names).uncordon(
+                node.kube_name
+            )
         except KubeError as exc:
             log_.complete(action, "failed", str(exc))
             return {"action": "uncordon", "node": node.cloud_name, "status": "failed"} | {

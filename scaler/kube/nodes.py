@@ -7,16 +7,17 @@ no longer holds has already been deleted.
 
 The drain evicts placeholder pods first (they only hold capacity), leaves DaemonSet and
 mirror pods (they go with the node) and finished pods alone, and never evicts a pod
-annotated `cluster-autoscaler.kubernetes.io/safe-to-evict: "false"`. An eviction the API
-server refuses with 429 because of a PodDisruptionBudget is retried until the drain's
-timeout; then the node stays cordoned and is reported as blocked, naming each blocking pod
-and its budget, and the provider is not asked to delete it.
+Cluster Autoscaler's safe-to-evict annotation marks `"false"`. An eviction the API server
+refuses with 429 because of a PodDisruptionBudget is retried until the drain's timeout;
+then the node stays cordoned and is reported as blocked, naming each blocking pod and its
+budget, and the provider is not asked to delete it. Nodes and pods are read as the rest of
+gpuscale reads them (`read_node`, `read_pod`).
 """
 
 from __future__ import annotations
 
 import time
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from enum import StrEnum
@@ -24,13 +25,17 @@ from http import HTTPStatus
 
 from kubernetes import client as k8s
 
-from predictor.telemetry.kube_objects import MIRROR_ANNOTATION as MIRROR
+from predictor.telemetry.kube_objects import (
+    KUBE_NAMES,
+    SAFE_TO_EVICT_ANNOTATION,
+    KubeNames,
+    NodeFacts,
+    PodRequest,
+    read_node,
+    read_pod,
+)
 from scaler.kube.errors import API_ERRORS, KubeError, Refusal, kube_call, kube_error
-from scaler.kube.placeholders import PLACEHOLDER_LABELS
 from scaler.providers.base import CloudProvider, ProviderError
-
-CORDONED_BY_GPUSCALE = "gpuscale.io/removal-started"
-SAFE_TO_EVICT = "cluster-autoscaler.kubernetes.io/safe-to-evict"
 
 
 @dataclass(frozen=True)
@@ -66,40 +71,13 @@ class RemovalOutcome:
         return self.status is RemovalStatus.REMOVED
 
 
-def cloud_node_name(node: k8s.V1Node) -> str:
-    """The provider's name of a node: the last part of its providerID
-    (`aws:///us-east-1a/i-0abc` -> `i-0abc`), or the node name where there is none."""
-    provider_id = node.spec.provider_id if node.spec is not None else None
-    if provider_id:
-        return provider_id.rstrip("/").rsplit("/", 1)[-1]
-    return node.metadata.name
-
-
-def is_placeholder(pod: k8s.V1Pod) -> bool:
-    labels = pod.metadata.labels or {}
-    return all(labels.get(key) == value for key, value in PLACEHOLDER_LABELS.items())
-
-
-def goes_with_node(pod: k8s.V1Pod) -> bool:
-    """DaemonSet and mirror (static) pods are not evicted: they end with the node."""
-    owners = pod.metadata.owner_references or []
-    annotations = pod.metadata.annotations or {}
-    return MIRROR in annotations or any(o.kind == "DaemonSet" for o in owners)
-
-
-def has_finished(pod: k8s.V1Pod) -> bool:
-    return pod.status is not None and pod.status.phase in ("Succeeded", "Failed")
-
-
-def eviction_order(pods: Iterable[k8s.V1Pod]) -> list[k8s.V1Pod]:
+def eviction_order(pods: Iterable[PodRequest]) -> list[PodRequest]:
     """The pods a drain must move, placeholders first."""
-    movable = [p for p in pods if not goes_with_node(p) and not has_finished(p)]
-    return sorted(
-        movable, key=lambda p: (not is_placeholder(p), p.metadata.namespace, p.metadata.name)
-    )
+    movable = [p for p in pods if not p.goes_with_node and not p.finished]
+    return sorted(movable, key=lambda p: (not p.placeholder, p.namespace, p.name))
 
 
-def selector_matches(selector: k8s.V1LabelSelector | None, labels: dict[str, str]) -> bool:
+def selector_matches(selector: k8s.V1LabelSelector | None, labels: Mapping[str, str]) -> bool:
     """A LabelSelector; a null one selects nothing, an empty one everything."""
     if selector is None:
         return False
@@ -119,7 +97,8 @@ def selector_matches(selector: k8s.V1LabelSelector | None, labels: dict[str, str
 
 
 class NodeRemoval:
-    """Cordon -> drain -> delete through the provider, for one node at a time."""
+    """Cordon -> drain -> delete through the provider, for one node at a time. Nodes and
+    pods are read as `read_node` and `read_pod` read them, with `names`' conventions."""
 
     def __init__(
         self,
@@ -128,20 +107,24 @@ class NodeRemoval:
         settings: DrainSettings | None = None,
         clock: Callable[[], float] = time.monotonic,
         sleep: Callable[[float], None] = time.sleep,
+        names: KubeNames = KUBE_NAMES,
     ) -> None:
         self.settings = settings or DrainSettings()
+        self._api = api
         self._core = k8s.CoreV1Api(api)
         self._policy = k8s.PolicyV1Api(api)
         self._provider = provider
         self._clock = clock
         self._sleep = sleep
+        self._names = names
+        self._marker = names.removal_annotation  # on the nodes gpuscale cordoned to remove
 
     def remove(self, node_name: str) -> RemovalOutcome:
         node = self._read_node(node_name)
         if node is None:
             return RemovalOutcome(node_name, RemovalStatus.REMOVED, "the node is gone")
-        cloud_name = cloud_node_name(node)
-        ours = CORDONED_BY_GPUSCALE in (node.metadata.annotations or {})
+        cloud_name = node.cloud_name
+        ours = self._marker in node.annotations
         group = self._provider.node_group_for(cloud_name)
         if group is None:
             if ours:  # a removal that got as far as the provider before a restart
@@ -183,12 +166,11 @@ class NodeRemoval:
         node = self._read_node(node_name)
         if node is None:
             raise KubeError(f"cordon {node_name}: no such node")
-        annotations = node.metadata.annotations or {}
-        if node.spec.unschedulable and CORDONED_BY_GPUSCALE in annotations:
+        if node.unschedulable and self._marker in node.annotations:
             return
-        started = annotations.get(CORDONED_BY_GPUSCALE) or datetime.now(UTC).isoformat()
+        started = node.annotations.get(self._marker) or datetime.now(UTC).isoformat()
         body = {
-            "metadata": {"annotations": {CORDONED_BY_GPUSCALE: started}},
+            "metadata": {"annotations": {self._marker: started}},
             "spec": {"unschedulable": True},
         }
         self._patch_node(node_name, body, "cordon")
@@ -196,10 +178,10 @@ class NodeRemoval:
     def uncordon(self, node_name: str) -> None:
         """Undo a cordon that gpuscale made (one made by someone else is left alone)."""
         node = self._read_node(node_name)
-        if node is None or CORDONED_BY_GPUSCALE not in (node.metadata.annotations or {}):
+        if node is None or self._marker not in node.annotations:
             return
         body = {
-            "metadata": {"annotations": {CORDONED_BY_GPUSCALE: None}},
+            "metadata": {"annotations": {self._marker: None}},
             "spec": {"unschedulable": None},
         }
         self._patch_node(node_name, body, "uncordon")
@@ -216,18 +198,20 @@ class NodeRemoval:
             if self._clock() >= deadline:
                 going = {(b.namespace, b.name) for b in blocking}
                 return tuple(blocking) + tuple(
-                    BlockingPod(p.metadata.namespace, p.metadata.name, "still terminating")
+                    BlockingPod(p.namespace, p.name, "still terminating")
                     for p in self._pods_left(node_name, pods)
-                    if (p.metadata.namespace, p.metadata.name) not in going
+                    if (p.namespace, p.name) not in going
                 )
             self._sleep(self.settings.poll_s)
 
     # ---- API calls ---------------------------------------------------------------------
-    def _read_node(self, name: str) -> k8s.V1Node | None:
+    def _read_node(self, name: str) -> NodeFacts | None:
         found = kube_call(
             f"read node {name}", lambda: self._core.read_node(name), expect=(HTTPStatus.NOT_FOUND,)
         )
-        return None if isinstance(found, Refusal) else found
+        if isinstance(found, Refusal):
+            return None
+        return read_node(self._api.sanitize_for_serialization(found), self._names)
 
     def _patch_node(self, name: str, body: dict, what: str) -> None:
         try:
@@ -235,25 +219,26 @@ class NodeRemoval:
         except API_ERRORS as exc:
             raise kube_error(f"{what} {name}", exc) from None
 
-    def _pods_on(self, node_name: str) -> list[k8s.V1Pod]:
+    def _pods_on(self, node_name: str) -> list[PodRequest]:
         try:
             found = self._core.list_pod_for_all_namespaces(
                 field_selector=f"spec.nodeName={node_name}"
             )
         except API_ERRORS as exc:
             raise kube_error(f"list pods on {node_name}", exc) from None
-        return list(found.items)
+        as_json = self._api.sanitize_for_serialization
+        return [read_pod(as_json(p), self._names) for p in found.items]
 
-    def _pods_left(self, node_name: str, pods: list[k8s.V1Pod]) -> list[k8s.V1Pod]:
-        left = {(p.metadata.namespace, p.metadata.name) for p in self._pods_on(node_name)}
-        return [p for p in pods if (p.metadata.namespace, p.metadata.name) in left]
+    def _pods_left(self, node_name: str, pods: list[PodRequest]) -> list[PodRequest]:
+        left = {p.id for p in self._pods_on(node_name)}
+        return [p for p in pods if p.id in left]
 
-    def _evict(self, pod: k8s.V1Pod) -> BlockingPod | None:
+    def _evict(self, pod: PodRequest) -> BlockingPod | None:
         """Ask for one eviction; a BlockingPod when it was refused."""
-        ns, name = pod.metadata.namespace, pod.metadata.name
-        if (pod.metadata.annotations or {}).get(SAFE_TO_EVICT) == "false":
-            return BlockingPod(ns, name, f'annotated {SAFE_TO_EVICT}: "false"')
-        if pod.metadata.deletion_timestamp is not None:
+        ns, name = pod.namespace, pod.name
+        if not pod.safe_to_evict:
+            return BlockingPod(ns, name, f'annotated {SAFE_TO_EVICT_ANNOTATION}: "false"')
+        if pod.deleting:
             return None  # already going
         eviction = k8s.V1Eviction(metadata=k8s.V1ObjectMeta(name=name, namespace=ns))
         # 429: a budget refuses; 500: two budgets cover the pod; 404: already gone.
@@ -270,10 +255,10 @@ class NodeRemoval:
             return BlockingPod(ns, name, str(answer), self._budget_of(pod))
         return None
 
-    def _budget_of(self, pod: k8s.V1Pod) -> str | None:
-        ns, labels = pod.metadata.namespace, pod.metadata.labels or {}
+    def _budget_of(self, pod: PodRequest) -> str | None:
+        labels = dict(pod.labels)
         try:
-            budgets = self._policy.list_namespaced_pod_disruption_budget(ns).items
+            budgets = self._policy.list_namespaced_pod_disruption_budget(pod.namespace).items
         except API_ERRORS:
             return None  # naming the budget is a courtesy; the refusal stands anyway
         names = sorted(

@@ -39,7 +39,6 @@ from predictor.telemetry.kube_objects import (
 from scaler.cluster.job import Job
 from scaler.cluster.snapshot import ClusterState, NodeSpec
 from scaler.kube.errors import kube_call
-from scaler.kube.nodes import CORDONED_BY_GPUSCALE, cloud_node_name
 from scaler.kube.objects import job_of, spec_of
 from scaler.placement.policies.base import best_fit_gpus
 
@@ -85,7 +84,6 @@ def observed_cluster(
     nodes: Sequence[tuple[NodeFacts, str]],
     pods: Sequence[PodRequest],
     names: KubeNames = KUBE_NAMES,
-    removal_annotation: str = CORDONED_BY_GPUSCALE,
 ) -> ObservedCluster:
     """The snapshot of `nodes` (each with its provider's name) and `pods` (see the module
     docstring)."""
@@ -139,7 +137,7 @@ def observed_cluster(
             cloud_name=cloud,
             pool=node.pool,
             cordoned=node.unschedulable,
-            draining=removal_annotation in node.annotations,
+            draining=names.removal_annotation in node.annotations,
             movable_pods=movable.get(name, 0),
             gpu_pods=gpu_pods.get(name, 0),
             gpus_used=used.get(name, 0.0),
@@ -216,6 +214,7 @@ def observe_cluster(api: k8s.ApiClient, names: KubeNames = KUBE_NAMES) -> Observ
         or []
     )
     as_json = api.sanitize_for_serialization
-    nodes = [(read_node(as_json(n), names), cloud_node_name(n)) for n in raw_nodes]
+    facts = [read_node(as_json(n), names) for n in raw_nodes]
+    nodes = [(f, f.cloud_name) for f in facts]
     pods = [read_pod(as_json(p), names) for p in raw_pods]
     return observed_cluster(nodes, pods, names)

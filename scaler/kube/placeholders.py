@@ -25,11 +25,12 @@ from typing import Any
 from kubernetes import client as k8s
 from pydantic import BaseModel, ConfigDict, Field
 
-from predictor.telemetry.kube_objects import KUBE_NAMES
+from predictor.telemetry.config import PLACEHOLDER_NAMESPACE
+from predictor.telemetry.kube_objects import KUBE_NAMES, SAFE_TO_EVICT_ANNOTATION
 from scaler.kube.errors import API_ERRORS, KubeError, Refusal, kube_call, kube_error
 
 POOL = KUBE_NAMES.pool_label
-SPEC_HASH = "gpuscale.io/spec-hash"
+SPEC_HASH = KUBE_NAMES.spec_hash_label
 PLACEHOLDER_LABELS = dict(KUBE_NAMES.placeholder_labels)
 PLACEHOLDER_SELECTOR = KUBE_NAMES.placeholder_selector
 _DNS_LABEL = r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?$"
@@ -38,7 +39,7 @@ _DNS_LABEL = r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?$"
 class PlaceholderSettings(BaseModel):
     model_config = ConfigDict(frozen=True, extra="forbid")
 
-    namespace: str = Field(default="gpuscale-system", pattern=_DNS_LABEL)
+    namespace: str = Field(default=PLACEHOLDER_NAMESPACE, pattern=_DNS_LABEL)
     priority_class: str = Field(default="gpuscale-placeholder", min_length=1)
     priority: int = Field(default=-10, lt=0, description="below every real workload's")
     image: str = "registry.k8s.io/pause:3.10"
@@ -110,7 +111,7 @@ def placeholder_pod(settings: PlaceholderSettings, pool: str, index: int, gpus: 
             "name": placeholder_name(pool, index),
             "namespace": settings.namespace,
             "labels": {**PLACEHOLDER_LABELS, POOL: pool, SPEC_HASH: digest},
-            "annotations": {"cluster-autoscaler.kubernetes.io/safe-to-evict": "true"},
+            "annotations": {SAFE_TO_EVICT_ANNOTATION: "true"},
         },
         "spec": spec,
     }
