@@ -4,6 +4,7 @@ missing telemetry never scales down, every decision logged; the config names bad
 
 from __future__ import annotations
 
+from dataclasses import replace
 from datetime import datetime, timedelta
 from pathlib import Path
 from typing import Any
@@ -29,7 +30,7 @@ from scaler.controller.reconcile import (
 from scaler.controller.removal_order import RemovalCandidate, removal_order
 from scaler.controller.system import LiveSystem
 from scaler.kube.observed import observed_cluster
-from scaler.kube.placeholders import PlaceholderDemand, PlaceholderSettings
+from scaler.kube.placeholders import PlaceholderDemand, PlaceholderSettings, placeholder_pod
 from scaler.placement import Job, make_policy
 from scaler.planning.planner import CapacityPlan, PlannerMemory, PoolDecision
 from scaler.providers.base import NodeStatus
@@ -323,6 +324,39 @@ def test_pending_pods_take_their_room_before_placeholders() -> None:
         names=KUBE_NAMES,
     )
     assert held == [PlaceholderDemand(pool="a100", count=6, gpus=1)]  # 8 less the pending 2
+
+
+def test_an_idle_node_a_pending_pod_fits_only_on_is_kept() -> None:
+    """As in Cluster Autoscaler, pending pods that fit now are placed before the scale-down
+    check: n2 is idle, but the 4-GPU pod waiting for the pool fits only there (n1 has one
+    GPU free), so n2 may not go; a pod that would fit n1 as well leaves n2 removable."""
+    policy = make_policy("bestfit")
+    nodes = [kube_node("n1"), kube_node("n2")]
+    train = kube_pod("train", "n1", gpus=7)
+
+    def fleet(*pods: dict) -> FleetView:
+        seen = fleet_of("a100", nodes, [train, *pods])
+        busy = tuple(replace(n, busy=n.cloud_name == "n1") for n in seen.nodes["a100"])
+        return replace(seen, nodes={"a100": busy}).with_removal_checks(policy, frozenset())
+
+    def checked(*pods: dict) -> NodeView:
+        return {n.cloud_name: n for n in fleet(*pods).all_nodes()}["n2"]
+
+    assert checked().drainable is True
+    wait = kube_pod("wait", None, gpus=4, pool="a100")
+    kept = checked(wait)
+    assert kept.drainable is False and "job ml/wait fits no other node" in kept.check
+    assert fleet(wait).removable("a100", frozenset()) == []
+    assert checked(kube_pod("small", None, gpus=1, pool="a100")).drainable is True
+    # A placeholder holding n2 does not stand in the way: the pod preempts it.
+    placeholder = placeholder_pod(PlaceholderSettings(), "a100", 0, 8)
+    placeholder["spec"]["nodeName"] = "n2"
+    placeholder["status"] = {"phase": "Running"}
+    assert checked(placeholder).drainable is True
+    assert checked(placeholder, wait).drainable is False
+    # Pods that cannot both fit: the first in FIFO order (by id here) takes n2's room.
+    two = checked(kube_pod("a-big", None, gpus=8, pool="a100"), kube_pod("b", None, gpus=4))
+    assert two.drainable is False and "ml/a-big" in two.check
 
 
 def test_hold_scale_downs_keeps_scale_ups() -> None:

@@ -4,7 +4,8 @@ For each node the view knows its pool, whether it is booting or ready, its Kuber
 (when it has registered), whether real GPU jobs run on it (such a node is never chosen for
 removal: a scale-down must not kill training), how many pods a drain would have to move,
 whether gpuscale cordoned it, and, once `with_removal_checks` has run, whether the
-scale-down check found its pods room elsewhere. It also counts, per pool, the GPUs real
+scale-down check found its pods room elsewhere (with the pending pods that fit now already
+placed, as Cluster Autoscaler does). It also counts, per pool, the GPUs real
 pods hold or wait for (shared GPUs as their shares). What Kubernetes shows comes from the
 one cluster snapshot (`scaler.kube.observed`), kept in the view for the loop's reactive
 floor and placeholder sizing.
@@ -21,12 +22,19 @@ from datetime import datetime
 from kubernetes import client as k8s
 
 from predictor.telemetry.kube_objects import KUBE_NAMES, KubeNames
+from scaler.cluster.job import Job
+from scaler.cluster.snapshot import ClusterState
 from scaler.controller.removal_order import RemovalCandidate, removal_order
 from scaler.kube.observed import ObserveCluster, ObservedCluster, observe_cluster
+from scaler.placement.decision import Placement
+from scaler.placement.engine import commit, place
 from scaler.placement.policies.base import Policy
+from scaler.placement.queue import QueuePolicy, admission_order
 from scaler.placement.scale_down import check_removals
 from scaler.planning.planner import FleetState, PoolFleet
 from scaler.providers.base import CloudProvider, NodeStatus
+
+FIFO = QueuePolicy(order="fifo")  # how kube-scheduler's queue offers pending pods a node
 
 
 @dataclass(frozen=True, slots=True)
@@ -101,11 +109,13 @@ class FleetView:
 
     def with_removal_checks(self, policy: Policy, unremovable: frozenset[str]) -> FleetView:
         """The view with every ready node that could go checked: may its pods, placeholders
-        aside, go elsewhere? The nodes are tried in the removal order on one scratch copy
-        of the cluster, so the ones that pass may all go together."""
-        state = self.cluster.state if self.cluster is not None else None
-        if state is None:
+        aside, go elsewhere? As in Cluster Autoscaler, the pending pods that fit now are
+        placed first (see `with_pending`), so an idle node a pending pod is about to take
+        is not removed under it. The nodes are then tried in the removal order on one
+        scratch copy of the cluster, so the ones that pass may all go together."""
+        if self.cluster is None or self.cluster.state is None:
             return self
+        state = self.cluster.state
         index = {name: i for i, name in enumerate(state.names)}
         order = [
             c.key
@@ -113,7 +123,8 @@ class FleetView:
             for c in removal_order(self.removal_candidates(pool, unremovable))
             if not c.booting and c.key.kube_name in index
         ]
-        checks = check_removals(state, [index[n.kube_name] for n in order], policy)
+        about_to_run = with_pending(state, self.cluster.real_pending, policy)
+        checks = check_removals(about_to_run, [index[n.kube_name] for n in order], policy)
         found = {c.node: c for c in checks}
         nodes = {
             pool: tuple(
@@ -160,6 +171,21 @@ class FleetView:
             out["pending_pods"] = len(self.cluster.real_pending)
             out["unbound_pods"] = dict(self.cluster.unbound)
         return out
+
+
+def with_pending(state: ClusterState, pending: Sequence[Job], policy: Policy) -> ClusterState:
+    """A copy of `state` with every pending job that fits now bound where the engine would
+    place it, offered a node in FIFO admission order as the scheduler's queue offers pods.
+    Placeholders are left out first: a real pod preempts them, so their room is free to
+    it (and the scale-down check would leave them out anyway)."""
+    scratch = state.copy()
+    for job_id in [j for j, a in scratch.jobs.items() if a.job.placeholder]:
+        scratch.release(job_id)
+    for job in admission_order(pending, 0.0, FIFO):
+        decided = place(scratch, job, policy)
+        if isinstance(decided, Placement):
+            commit(scratch, job, decided)
+    return scratch
 
 
 def observe_fleet(
