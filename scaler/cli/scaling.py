@@ -472,6 +472,14 @@ def simulate(
     boot_minutes: Annotated[
         float, typer.Option("--boot-minutes", min=0, help="Boot time of every pool (synthetic).")
     ] = 10.0,
+    queue: Annotated[
+        str,
+        typer.Option(
+            "--queue",
+            help="Admission order of waiting jobs (synthetic): fifo (arrival), priority, or"
+            " qssf (smallest predicted GPU time first).",
+        ),
+    ] = "fifo",
     as_json: Annotated[bool, typer.Option("--json", help="Print the summary as JSON.")] = False,
 ) -> None:
     """Simulate the scaler and draw it.
@@ -481,8 +489,10 @@ def simulate(
     our planner to draw its cost/shortage frontier next to the baselines (frontier.png).
 
     With --synthetic: the job-level simulation on the synthetic workload; jobs arrive, wait
-    for capacity and run on nodes placed first-fit, reactive (Cluster Autoscaler) against
-    predictive, scored by GPU-hours paid and the p50/p95 wait for capacity (jobs.png).
+    for capacity in the --queue order and are placed by the placement engine's default
+    policy (multi-node jobs as gangs; predictive mode holds its spare nodes with
+    placeholders that real jobs preempt), reactive (Cluster Autoscaler) against
+    predictive, scored by GPU-hours paid and the p50/p95/p99 wait for capacity (jobs.png).
     """
     from predictor.foundation.errors import InputError
 
@@ -490,13 +500,17 @@ def simulate(
         raise InputError("give exactly one of --trace and --synthetic")
     if mode not in ("predictive", "hybrid"):
         raise typer.BadParameter("must be predictive or hybrid", param_hint="--mode")
+    from scaler.placement.queue import ORDERS
+
+    if queue not in ORDERS:
+        raise typer.BadParameter(f"must be one of {', '.join(ORDERS)}", param_hint="--queue")
     if synthetic and target_shortage is None:
         from scaler.evaluation.job_simulator import JOB_LEVEL_TARGET_SHORTAGE
 
         target_shortage = JOB_LEVEL_TARGET_SHORTAGE
     policy = _load_policy(None, mode, target_shortage)
     if synthetic:
-        summary = _simulate_jobs(out, policy, model, workload, seed, days, boot_minutes)
+        summary = _simulate_jobs(out, policy, model, workload, seed, days, boot_minutes, queue)
     else:
         summary = _simulate_trace(out, trace, policy, model, lag, split, gpus_per_node, knobs)
     text = json.dumps(summary, indent=2, default=jsonable)
@@ -514,6 +528,13 @@ def simulate(
         table.add_row(*(_cell(row[c]) for c in columns))
     console = table_console()
     console.print(table)
+    if synthetic:
+        placement = summary["placement"]
+        console.print(
+            f"placement: the engine's {placement['policy']} policy, queue {placement['queue']};"
+            " multi-node jobs as gangs; predictive mode holds spare nodes with placeholders"
+            f" (preempted {summary['rows'][1]['placeholders_preempted']} times)"
+        )
     console.print(f"pictures: {', '.join(summary['pictures'])}")
 
 
@@ -530,8 +551,10 @@ SIMULATE_COLUMNS = {  # row field -> column label
         "jobs": "jobs",
         "wait_p50_min": "p50 wait",
         "wait_p95_min": "p95 wait",
+        "wait_p99_min": "p99 wait",
         "wait_mean_min": "mean wait",
         "share_waiting": "waiting",
+        "gpu_minutes_waited": "GPU-min waited",
         "gpu_hours": "GPU-h",
         "cost": "cost",
     },
@@ -603,6 +626,7 @@ def _simulate_jobs(
     seed: int,
     days: float,
     boot_minutes: float,
+    queue: str = "fifo",
 ) -> dict[str, object]:
     import dataclasses
 
@@ -628,12 +652,16 @@ def _simulate_jobs(
         end=generated.end,
         warmup=min(WARMUP, half / 2),
         policy=policy,
+        queue=queue,
     )
     rows = comparison.rows()
     reactive, predictive = rows
     out.mkdir(parents=True, exist_ok=True)  # once the inputs are read: none left on bad ones
+    placement = comparison.reactive.placement
     return {
-        "title": f"job-level, synthetic seed {seed}, boot {boot_minutes:g} min, from {start}",
+        "title": f"job-level, synthetic seed {seed}, boot {boot_minutes:g} min, from {start};"
+        f" placement {placement}, queue {queue}",
+        "placement": {"policy": placement, "queue": queue},
         "rows": rows,
         "gpu_hours_extra": predictive["gpu_hours"] / reactive["gpu_hours"] - 1,
         "p95_wait_cut_min": reactive["wait_p95_min"] - predictive["wait_p95_min"],

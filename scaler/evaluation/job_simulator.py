@@ -3,17 +3,25 @@
 This is where pre-positioning shows its worth: the trace replay counts node-steps short,
 while here a job that finds no room waits, and the wait is what users feel.
 
-Each minute: the simulated cloud's clock moves (nodes finish booting), finished jobs free
-their room, arriving jobs queue, and the queue is placed first-fit (in arrival order, a job
-that does not fit lets later ones try). Then the scaler acts:
+The cluster is the one cluster model (`ClusterState`) over the simulated cloud's ready
+nodes, and every scheduling question goes to the placement engine, as in the live loop:
 
+- placement: pending jobs are offered nodes in the queue order (`fifo` by default: the
+  arrival order, which keeps the figures comparable with the earlier first-fit copy;
+  `priority` and `qssf` as in `placement.queue`), each placed by the engine's default
+  policy against the job stream's typical mix, backfilling (a job that does not fit lets
+  later ones try). A multi-node job (more GPUs than a node has) is a gang of members that
+  each take a whole node, all started at once or none. A job that fits nowhere preempts
+  what it may (`placement.preemption`: placeholders first).
 - `reactive` (Cluster Autoscaler): every minute the planner in reactive mode scales each
-  pool up to what the running and pending jobs need, counting booting nodes (CA's binpacking
-  estimate: pending jobs are packed onto empty nodes), and removes idle nodes after they
-  have been unneeded for 10 minutes.
+  pool up to `planning.reactive.reactive_demand` (busy nodes plus the booting and new
+  nodes the pending jobs pack onto) and removes idle nodes after they have been unneeded
+  for 10 minutes, only nodes the scale-down check (`placement.scale_down`) passes.
 - `predictive`: every 10-minute step the planner sizes each pool from the forecast of its
   demand over the boot time (pre-positioning); between steps, the same minute-level
-  reactive check adds nodes at once when jobs wait (scale-down left to the forecast).
+  reactive check adds nodes at once when jobs wait (scale-down left to the forecast). The
+  ready nodes that run no real job hold placeholder jobs of the mix's common whole-GPU
+  shape, which real jobs preempt; placeholders never count as work.
 
 Nodes are paid from request to removal. Jobs submitted before the evaluation start warm
 the cluster and the planner up; only jobs submitted from `start` on are scored.
@@ -22,10 +30,11 @@ the cluster and the planner up; only jobs submitted from `start` on are scored.
 from __future__ import annotations
 
 import heapq
+import itertools
 import math
-from collections import deque
+from collections import Counter, deque
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, replace
 from datetime import datetime
 from typing import Literal
 
@@ -34,7 +43,20 @@ import pandas as pd
 
 from predictor.foundation.errors import InputError
 from predictor.models.forecast import Forecaster
+from scaler.cluster.job import WHOLE_GPU_MILLI, Job
 from scaler.cluster.pools import NodePool
+from scaler.cluster.predicates import feasible
+from scaler.cluster.snapshot import ClusterState
+from scaler.cluster.templates import template_node
+from scaler.placement.decision import Placement, Unschedulable
+from scaler.placement.engine import place
+from scaler.placement.estimator import ScaleUpEstimate
+from scaler.placement.gang import GangPlacement, commit_gang, place_gang
+from scaler.placement.mix import WorkloadMix
+from scaler.placement.policies import DEFAULT_POLICY, Policy, make_policy
+from scaler.placement.preemption import preempt
+from scaler.placement.queue import Order, QueuePolicy, admission_order
+from scaler.placement.scale_down import check_removals
 from scaler.planning.planner import (
     DemandOutlook,
     FleetState,
@@ -43,10 +65,15 @@ from scaler.planning.planner import (
     PoolFleet,
     plan,
 )
+from scaler.planning.reactive import ReactiveDemand, reactive_demand
 from scaler.providers.base import NodeStatus
-from scaler.providers.simulated import SimulatedCloud, SimulatedCloudConfig, SimulatedNodeGroup
+from scaler.providers.simulated import (
+    CloudEvent,
+    SimulatedCloud,
+    SimulatedCloudConfig,
+    SimulatedNodeGroup,
+)
 
-WHOLE = 1000
 STEP_MINUTES = 10
 UNNEEDED_MINUTES = 10
 WARMUP = pd.Timedelta(days=2)
@@ -55,47 +82,64 @@ WARMUP = pd.Timedelta(days=2)
 # replay: 0.5 was chosen on the synthetic workload's seed 1 (p95 wait 2 min against 10 for
 # reactive, +7.9% GPU-hours), not on the seed the benchmark reports.
 JOB_LEVEL_TARGET_SHORTAGE = 0.5
+# Arrival order: what the first-fit simulator did, so its figures stay comparable.
+DEFAULT_QUEUE: Order = "fifo"
+PLACEHOLDER_PRIORITY = -1
 
 JobMode = Literal["reactive", "predictive"]
-
-
-@dataclass(slots=True)
-class _Node:
-    name: str
-    pool: NodePool
-    gpu_free: list[int]
-    cpu_free: int
-    mem_free: int
-    jobs: int = 0
-
-
 Groups = dict[str, SimulatedNodeGroup]
-Mirror = dict[str, dict[str, _Node]]  # pool -> ready node name -> its free room
+DemandKey = tuple[tuple[int, ...], int, int]  # the queue's tasks, booting, target size
 
 
 @dataclass(slots=True)
-class _Job:
-    index: int
+class _Task:
+    """One job of the stream: a single engine job, or a gang of whole-node members."""
+
     pool: str
-    gpus: int
-    milli: int
-    cpu: int
-    mem: int
-    duration: int
+    members: tuple[Job, ...]
+    gpus: float  # GPUs asked in all (a share counts as its fraction)
+    duration: int  # minutes
     submit: float  # minutes since the simulation start
-    started: float = math.nan
-    held: list[tuple[_Node, list[int], int]] = field(default_factory=list)
+    started: float = math.nan  # first start (a job evicted and requeued keeps it)
+    generation: int = 0  # bumped on eviction, so a stale finish is ignored
+
+    @property
+    def head(self) -> Job:
+        return self.members[0]
+
+    @property
+    def gang_or_id(self) -> str:
+        """The job's id in the stream (a gang's members are named after it)."""
+        return self.head.gang or self.head.id
+
+    @property
+    def shape(self) -> tuple[object, ...]:
+        """What decides whether the task fits: its members' shape, count and priority."""
+        job = self.head
+        return (
+            len(self.members),
+            job.cpu_milli,
+            job.memory_mib,
+            job.num_gpu,
+            job.gpu_milli,
+            job.priority,
+        )
 
 
 @dataclass(frozen=True)
 class JobSimResult:
     mode: JobMode
     waits: np.ndarray  # minutes each scored job waited (censored at the end if never ran)
+    gpus: np.ndarray  # GPUs each scored job asked (a share counts as its fraction)
     unstarted: int
     gpu_hours: float  # GPU-hours of nodes paid (booting included)
     cost: float  # price of those node-hours
     fleet: pd.DataFrame  # per minute and pool: paid nodes, demand GPUs (running + pending)
     scale_actions: int
+    placement: str = DEFAULT_POLICY  # the engine's policy that placed the jobs
+    queue: Order = DEFAULT_QUEUE
+    placeholders_preempted: int = 0
+    job_ids: tuple[str, ...] = ()  # of the scored jobs, in the order of `waits`
 
     def row(self) -> dict[str, object]:
         waits = self.waits
@@ -105,12 +149,430 @@ class JobSimResult:
             "unstarted": self.unstarted,
             "wait_p50_min": float(np.percentile(waits, 50)) if waits.size else 0.0,
             "wait_p95_min": float(np.percentile(waits, 95)) if waits.size else 0.0,
+            "wait_p99_min": float(np.percentile(waits, 99)) if waits.size else 0.0,
             "wait_mean_min": float(waits.mean()) if waits.size else 0.0,
             "share_waiting": float((waits > 0).mean()) if waits.size else 0.0,
+            "gpu_minutes_waited": float((waits * self.gpus).sum()),
             "gpu_hours": self.gpu_hours,
             "cost": self.cost,
             "scale_actions": self.scale_actions,
+            "placeholders_preempted": self.placeholders_preempted,
         }
+
+
+# --------------------------------------------------------------------------- the cluster
+
+
+class _SimCluster:
+    """The simulator's `ClusterState`: per pool `max_size` slots of its template node,
+    cordoned while no ready cloud node occupies them, so the arrays never change shape and
+    the policies' per-node caches survive nodes coming and going."""
+
+    def __init__(self, pools: Sequence[NodePool]) -> None:
+        specs = []
+        self.slots: dict[str, range] = {}
+        for pool in pools:
+            first = len(specs)
+            specs += [
+                replace(template_node(pool, f"{pool.name}/slot-{i:03d}"), cordoned=True)
+                for i in range(pool.max_size)
+            ]
+            self.slots[pool.name] = range(first, len(specs))
+        if not specs:
+            raise InputError("every pool has max_size 0: the simulation has no node to use")
+        self.state = ClusterState.from_nodes(specs)
+        self.pool_of = [p.name for p in pools for _ in range(p.max_size)]
+        self.slot_of: dict[str, int] = {}  # ready cloud node -> its slot
+        self.node_in: dict[int, str] = {}
+        self.free = {name: list(r) for name, r in self.slots.items()}  # heaps
+        self.real = np.zeros(self.state.size, dtype=np.int64)  # real jobs per slot
+        self.held = np.zeros(self.state.size, dtype=np.int64)  # placeholders per slot
+        self.idle_since: dict[int, int] = {}  # slot without real jobs -> since when
+        self.priorities = {p.name: Counter[int]() for p in pools}  # of real jobs running
+        self.placeholders = {p.name: 0 for p in pools}
+        self.busy_nodes = {p.name: 0 for p in pools}
+        self.task_of: dict[str, _Task] = {}  # bound real job -> its task
+        self.maybe_unheld: set[int] = set()
+        self._ids = itertools.count()
+
+    # nodes -----------------------------------------------------------------------
+    def join(self, pool: str, name: str, minute: int) -> int:
+        slot = heapq.heappop(self.free[pool])
+        self.slot_of[name] = slot
+        self.node_in[slot] = name
+        self.state.set_cordoned([slot], False)
+        self.idle_since[slot] = minute
+        self.maybe_unheld.add(slot)
+        return slot
+
+    def leave(self, name: str) -> list[_Task]:
+        """Take a node away with what runs there; returns the real tasks it stopped."""
+        slot = self.slot_of.pop(name)
+        del self.node_in[slot]
+        stopped = {id(self.task_of[j]): self.task_of[j] for j in self.real_jobs(slot)}
+        for task in stopped.values():
+            self.stop(task)
+        for job_id in list(self.state.node_jobs[slot]):
+            self.release(job_id)
+        self.state.set_cordoned([slot])
+        self.idle_since.pop(slot, None)
+        heapq.heappush(self.free[self.pool_of[slot]], slot)
+        return list(stopped.values())
+
+    def ready(self, pool: str) -> int:
+        return len(self.slots[pool]) - len(self.free[pool])
+
+    def idle(self, pool: str) -> list[int]:
+        """Ready slots without real work, idle longest first."""
+        r = self.slots[pool]
+        slots = r.start + np.flatnonzero(
+            ~self.state.cordoned[r.start : r.stop] & (self.real[r.start : r.stop] == 0)
+        )
+        return sorted((int(s) for s in slots), key=lambda s: (self.idle_since[s], s))
+
+    def unheld(self) -> list[int]:
+        """Ready slots with neither real jobs nor placeholders (checked among those that
+        joined or lost their last job since the previous call)."""
+        maybe, self.maybe_unheld = self.maybe_unheld, set()
+        return sorted(
+            s for s in maybe if s in self.node_in and not self.real[s] and not self.held[s]
+        )
+
+    def busy(self, pool: str) -> int:
+        """Ready slots that run real work."""
+        return self.busy_nodes[pool]
+
+    def real_jobs(self, slot: int) -> list[str]:
+        jobs = self.state.jobs
+        return sorted(j for j in self.state.node_jobs[slot] if not jobs[j].job.placeholder)
+
+    # jobs --------------------------------------------------------------------------
+    def bind(self, job: Job, node: int, gpus: Sequence[int], now_s: float) -> None:
+        self.state.bind(job, node, gpus, now_s)
+        self.bound(job, node)
+
+    def bound(self, job: Job, node: int) -> None:
+        """Book-keeping for a job just bound to `node` (by `bind` or `commit_gang`)."""
+        pool = self.pool_of[node]
+        if job.placeholder:
+            self.held[node] += 1
+            self.placeholders[pool] += 1
+            return
+        self.real[node] += 1
+        if self.real[node] == 1:
+            self.busy_nodes[pool] += 1
+        self.priorities[pool][job.priority] += 1
+        self.idle_since.pop(node, None)
+
+    def release(self, job_id: str, minute: int = 0) -> None:
+        allocation = self.state.release(job_id)
+        node, job = allocation.node, allocation.job
+        pool = self.pool_of[node]
+        if job.placeholder:
+            self.held[node] -= 1
+            self.placeholders[pool] -= 1
+            return
+        self.task_of.pop(job_id, None)
+        self.real[node] -= 1
+        self.priorities[pool][job.priority] -= 1
+        if not self.priorities[pool][job.priority]:
+            del self.priorities[pool][job.priority]
+        if not self.real[node]:
+            self.busy_nodes[pool] -= 1
+            self.idle_since[node] = minute
+            self.maybe_unheld.add(node)
+
+    def start(self, task: _Task) -> None:
+        for member in task.members:
+            self.task_of[member.id] = task
+
+    def stop(self, task: _Task, minute: int = 0) -> None:
+        """Release every member of a running task (it finished, or it is evicted)."""
+        for member in task.members:
+            if member.id in self.state.jobs:
+                self.release(member.id, minute)
+
+    def evictable(self, pool: str, job: Job) -> bool:
+        """Could preemption make room for `job` in `pool` at all?"""
+        running = self.priorities[pool]
+        return self.placeholders[pool] > 0 or any(p < job.priority for p in running)
+
+    def clear_placeholders(self, slot: int) -> None:
+        for job_id in [j for j in self.state.node_jobs[slot] if self.state.jobs[j].job.placeholder]:
+            self.release(job_id)
+
+    def hold(self, slot: int, placeholder: Job) -> None:
+        """Hold an idle slot's GPUs with a placeholder."""
+        held = replace(placeholder, id=f"placeholder-{next(self._ids)}")
+        self.bind(held, slot, range(placeholder.num_gpu), 0.0)
+
+
+# --------------------------------------------------------------------------- jobs
+
+
+def _tasks(
+    jobs: pd.DataFrame, pools: Mapping[str, NodePool], begin: pd.Timestamp, end: pd.Timestamp
+) -> list[_Task]:
+    """Jobs still running or arriving in [begin, end), in arrival order; jobs submitted
+    before `begin` arrive at once, with the time they have left."""
+    submit = ((jobs["submit"] - begin) / pd.Timedelta(minutes=1)).to_numpy(dtype=float)
+    duration = jobs["duration_min"].to_numpy(dtype=float)
+    keep = (submit + duration > 0) & (submit < (end - begin) / pd.Timedelta(minutes=1))
+    kept = jobs[keep]
+    unknown = set(kept["pool"]) - set(pools)
+    if unknown:
+        raise InputError(f"jobs name pools that are not configured: {sorted(unknown)}")
+    names = (
+        kept["job_id"].astype(str).to_numpy()
+        if "job_id" in kept
+        else np.array([f"job-{i:06d}" for i in range(len(kept))])
+    )
+    if len(set(names)) != len(names):
+        raise InputError("job ids must be unique")
+    priority = kept["priority"].to_numpy() if "priority" in kept else np.zeros(len(kept), int)
+    order = np.argsort(submit[keep], kind="stable")
+    columns = [
+        kept[c].to_numpy()[order] for c in ("pool", "gpus", "gpu_milli", "cpu_milli", "memory_mib")
+    ]
+    out = []
+    for name, first, length, prio, pool, gpus, milli, cpu, mem in zip(
+        names[order],
+        submit[keep][order],
+        duration[keep][order],
+        priority[order],
+        *columns,
+        strict=True,
+    ):
+        out.append(
+            _task(
+                pools[pool],
+                str(name),
+                int(gpus),
+                int(milli),
+                int(cpu),
+                int(mem),
+                duration=max(1, math.ceil(length + min(first, 0.0))),
+                submit=max(float(first), 0.0),
+                priority=int(prio),
+            )
+        )
+    return out
+
+
+def _task(
+    pool: NodePool,
+    name: str,
+    gpus: int,
+    milli: int,
+    cpu: int,
+    mem: int,
+    *,
+    duration: int,
+    submit: float,
+    priority: int = 0,
+) -> _Task:
+    """A job of `pool` as engine jobs: it asks for the pool's GPU model (as a pod selecting
+    it by label does); more GPUs than a node has make a gang of whole-node members, which
+    split the CPU and memory. A gang is queued as one job, so every member carries the
+    gang's predicted GPU time (GPUs x duration)."""
+    per_node = pool.gpus_per_node
+    asked = gpus * milli / WHOLE_GPU_MILLI
+    common = {
+        "gpu_models": frozenset({pool.gpu_model}),
+        "priority": priority,
+        "predicted_gpu_s": asked * duration * 60.0,
+        "submitted_s": submit * 60.0,
+    }
+    if gpus <= per_node:
+        members: tuple[Job, ...] = (Job(name, cpu, mem, gpus, milli, **common),)
+    else:
+        count = math.ceil(gpus / per_node)
+        members = tuple(
+            Job(f"{name}/{i}", cpu // count, mem // count, per_node, milli, gang=name, **common)
+            for i in range(count)
+        )
+    problem = members[0].problem()
+    if problem:
+        raise InputError(f"job {name}: {problem}")
+    return _Task(pool.name, members, asked, duration, submit)
+
+
+def _placeholder(pool: NodePool, mix: WorkloadMix) -> Job:
+    """The placeholder that holds an idle node of `pool`: all its GPUs, and the CPU and
+    memory of as many of the mix's most popular whole-GPU shape (for the pool's GPU
+    model) as those GPUs hold, capped by the node. One job per node is enough: the first
+    real job on the node evicts it whatever its size, and a node in use holds none."""
+    whole = [
+        (shape, mib)
+        for shape, mib in zip(mix.shapes, mix.memory_mib, strict=True)
+        if shape.gpu_milli == WHOLE_GPU_MILLI
+        and 0 < shape.num_gpu <= pool.gpus_per_node
+        and (not shape.gpu_models or pool.gpu_model in shape.gpu_models)
+    ]
+    cpu = mem = 0
+    if whole:
+        shape, mib = whole[0]
+        count = pool.gpus_per_node // shape.num_gpu
+        cpu, mem = count * shape.cpu_milli, int(count * mib)
+    return Job(
+        "placeholder",
+        min(cpu, pool.cpu_milli_per_node),
+        min(mem, pool.memory_mib_per_node),
+        pool.gpus_per_node,
+        WHOLE_GPU_MILLI,
+        gpu_models=frozenset({pool.gpu_model}),
+        priority=PLACEHOLDER_PRIORITY,
+        placeholder=True,
+    )
+
+
+# --------------------------------------------------------------------------- placement
+
+
+class _Scheduler:
+    """Admission of pending tasks on the simulator's cluster (see the module docstring)."""
+
+    def __init__(self, cluster: _SimCluster, policy: Policy, queue: QueuePolicy) -> None:
+        self.cluster = cluster
+        self.policy = policy
+        self.queue = queue
+        self.preempted = 0  # placeholders evicted by real jobs
+        self.requeued: list[_Task] = []  # real tasks evicted by higher-priority ones
+
+    def admit(
+        self, tasks: list[_Task], failed: set[tuple[object, ...]], now_s: float
+    ) -> list[_Task]:
+        """Start what fits in queue order, backfilling; returns the tasks started. A task
+        whose shape already failed since room last grew is not tried again: room only
+        shrank since, so it would fail again."""
+        by_id = {t.head.id: t for t in tasks}
+        started = []
+        for head in admission_order([t.head for t in tasks], now_s, self.queue):
+            task = by_id[head.id]
+            if task.shape in failed:
+                continue
+            if self.start(task, now_s):
+                started.append(task)
+            else:
+                failed.add(task.shape)
+        return started
+
+    def start(self, task: _Task, now_s: float) -> bool:
+        """Bind the task if it fits (preempting what it may); says whether it did."""
+        cluster = self.cluster
+        if len(task.members) == 1:
+            job = task.head
+            decided = place(cluster.state, job, self.policy)
+            if isinstance(decided, Unschedulable) and cluster.evictable(task.pool, job):
+                decided = preempt(cluster.state, job, self.policy, now_s)
+            if isinstance(decided, Unschedulable):
+                return False
+            self._take(job, decided, now_s)
+        else:
+            members = task.members
+            # Members take whole nodes: fewer feasible nodes than members cannot fit.
+            whole = int(np.count_nonzero(feasible(cluster.state, task.head)))
+            gang = (
+                place_gang(cluster.state, members, self.policy) if whole >= len(members) else None
+            )
+            if not isinstance(gang, GangPlacement):
+                gang = self._gang_over_placeholders(task)
+                if gang is None:
+                    return False
+                for p in gang.placements:
+                    self.preempted += int(cluster.held[p.node_index])
+                    cluster.clear_placeholders(p.node_index)
+            commit_gang(cluster.state, members, gang, now_s)
+            for member, p in zip(members, gang.placements, strict=True):
+                cluster.bound(member, p.node_index)
+        cluster.start(task)
+        return True
+
+    def _gang_over_placeholders(self, task: _Task) -> GangPlacement | None:
+        """Where a gang would go if its pool's placeholders made way (`preempt` places one
+        job; a gang evicts placeholders only, never real jobs of lower priority)."""
+        cluster = self.cluster
+        held = [s for s in cluster.slots[task.pool] if cluster.held[s]]
+        if not held:
+            return None
+        scratch = cluster.state.copy()
+        for slot in held:
+            for job_id in list(scratch.node_jobs[slot]):
+                if scratch.jobs[job_id].job.placeholder:
+                    scratch.release(job_id)
+        if np.count_nonzero(feasible(scratch, task.head)) < len(task.members):
+            return None
+        gang = place_gang(scratch, task.members, self.policy)
+        return gang if isinstance(gang, GangPlacement) else None
+
+    def _take(self, job: Job, decided: Placement, now_s: float) -> None:
+        """Evict the placement's victims (a real one with its whole task, requeued), bind
+        the job, and drop the node's other placeholders: a node in use holds none."""
+        cluster = self.cluster
+        for victim in decided.evict:
+            allocation = cluster.state.jobs.get(victim)
+            if allocation is None:  # went with a gang evicted by an earlier member
+                continue
+            if allocation.job.placeholder:
+                cluster.release(victim)
+                self.preempted += 1
+            else:
+                task = cluster.task_of[victim]
+                cluster.stop(task, int(now_s // 60))
+                self.requeued.append(task)
+        cluster.bind(job, decided.node_index, decided.gpus, now_s)
+        if cluster.held[decided.node_index]:
+            cluster.clear_placeholders(decided.node_index)
+
+
+@dataclass(frozen=True)
+class SimulatorSnapshot:
+    """The simulator's view at one instant: its cluster, its queue, its placement policy."""
+
+    state: ClusterState
+    pending: tuple[Job, ...]
+    policy: Policy
+
+
+def simulator_snapshot(
+    pools: Sequence[NodePool],
+    ready: Mapping[str, int],
+    running: pd.DataFrame,
+    pending: pd.DataFrame,
+    *,
+    mix: WorkloadMix | None = None,
+) -> SimulatorSnapshot:
+    """What the simulator would hold with `ready[pool]` ready nodes, the `running` jobs
+    bound there by its admission (engine placement, gangs whole, arrival order), and the
+    `pending` jobs in its queue, as the engine jobs it feeds `reactive_demand` (gang
+    members expanded). Both frames have the simulator's job columns (pool, gpus,
+    gpu_milli, cpu_milli, memory_mib, duration_min, submit; job_id and priority
+    optional). The policy is the engine's default on `mix`, by default the mix of the two
+    frames' jobs. Raises InputError if a running job fits none of the ready nodes."""
+    by_name = {p.name: p for p in pools}
+    frames = [f for f in (running, pending) if len(f)]
+    submits = pd.concat([f["submit"] for f in frames]) if frames else None
+    if submits is None:
+        ran: list[_Task] = []
+        waiting: list[_Task] = []
+    else:
+        begin, end = submits.min(), submits.max() + pd.Timedelta(minutes=1)
+        ran = _tasks(running, by_name, begin, end) if len(running) else []
+        waiting = _tasks(pending, by_name, begin, end) if len(pending) else []
+    members = [m for t in [*ran, *waiting] for m in t.members]
+    policy = make_policy(DEFAULT_POLICY, mix=mix or WorkloadMix.from_jobs(members))
+    cluster = _SimCluster(pools)
+    for pool in pools:
+        for i in range(ready.get(pool.name, 0)):
+            cluster.join(pool.name, f"{pool.name}-{i:06d}", 0)
+    scheduler = _Scheduler(cluster, policy, QueuePolicy(DEFAULT_QUEUE))
+    for task in ran:
+        if not scheduler.start(task, 0.0):
+            raise InputError(f"running job {task.head.id} fits none of the ready nodes")
+    return SimulatorSnapshot(cluster.state, tuple(m for t in waiting for m in t.members), policy)
+
+
+# --------------------------------------------------------------------------- the loop
 
 
 def simulate_jobs(
@@ -124,11 +586,13 @@ def simulate_jobs(
     outlooks: Mapping[str, np.ndarray] | None = None,
     levels: tuple[float, ...] = (),
     cloud: SimulatedCloudConfig | None = None,
+    queue: Order = DEFAULT_QUEUE,
 ) -> JobSimResult:
     """Simulate [begin, end) minute by minute; score jobs submitted in [start, end).
 
     `outlooks[pool][s]` is the forecast outlook (rows = 10-minute steps ahead, columns =
     `levels`, GPUs) for the step starting `begin + s * 10 min`, made from demand before it.
+    `queue` is the admission order of pending jobs (fifo, priority or qssf).
     """
     if mode == "predictive" and outlooks is None:
         raise ValueError("predictive mode needs forecast outlooks")
@@ -136,15 +600,27 @@ def simulate_jobs(
     if len(set(models)) != len(models):
         raise InputError("the job simulation needs one pool per GPU model (jobs name pools)")
     by_name = {p.name: p for p in pools}
+    tasks = _tasks(jobs, by_name, begin, end)
+    everything = [m for t in tasks for m in t.members]
+    if not everything:
+        raise InputError(f"no job runs or arrives in [{begin}, {end})")
+    mix = WorkloadMix.from_jobs(everything)
+    engine = make_policy(DEFAULT_POLICY, mix=mix)
+    cluster = _SimCluster(pools)
+    scheduler = _Scheduler(cluster, engine, QueuePolicy(order=queue))
+    holders = {p.name: _placeholder(p, mix) for p in pools}
     sim_cloud = SimulatedCloud(pools, cloud, start=begin.to_pydatetime())
     groups = {g.id(): g for g in sim_cloud.node_groups()}
     minutes = int((end - begin) / pd.Timedelta(minutes=1))
-    queue = _queue(jobs, by_name, begin, end)
-    nodes: dict[str, dict[str, _Node]] = {p.name: {} for p in pools}
-    idle_since: dict[str, int] = {}
-    pending: dict[str, list[_Job]] = {p.name: [] for p in pools}
-    running: list[tuple[float, int, _Job]] = []
-    done: list[_Job] = []
+    pending: dict[str, list[_Task]] = {p.name: [] for p in pools}
+    failed: dict[str, set[tuple[object, ...]]] = {p.name: set() for p in pools}
+    grown = {p.name: True for p in pools}  # room grew since the last pass: retry all
+    fresh = {p.name: False for p in pools}  # tasks joined the queue since the last pass
+    demand_memo: dict[str, tuple[DemandKey, int]] = {}
+    estimate = ScaleUpEstimate(pools={})
+    running: list[tuple[int, int, int, _Task]] = []
+    order = itertools.count()
+    done: list[_Task] = []
     minute_policy = policy.model_copy(
         update={
             "mode": "reactive",
@@ -162,39 +638,112 @@ def simulate_jobs(
     paid_rows: list[tuple[int, str, int, float]] = []
     actions = 0
 
+    def enqueue(task: _Task) -> None:
+        pending[task.pool].append(task)
+        fresh[task.pool] = True
+
+    def stopped(task: _Task) -> None:
+        """A running task lost its nodes: back to the queue, to run again in full (its
+        pending finish is void)."""
+        task.generation += 1
+        held[task.pool] -= task.gpus
+        grown[task.pool] = True
+        enqueue(task)
+
+    def observe() -> ReactiveDemand:
+        """Reactive demand per pool, in nodes: `reactive_demand`'s busy nodes plus the
+        booting and new nodes the queue packs onto. Admission has just offered every
+        pending job each ready node (and what preemption frees), so none fits there: the
+        estimate is made without the ready nodes (no copy of the cluster, no attempts
+        bound to fail) and depends on the queue and the booting and target sizes only, so
+        it is reused while those stay. Pools estimated again share one call."""
+        nonlocal estimate
+        nodes: dict[str, int] = {}
+        stale: list[tuple[NodePool, DemandKey]] = []
+        for pool in pools:
+            name = pool.name
+            if not pending[name]:
+                nodes[name] = cluster.busy(name)
+                continue
+            target = groups[name].target_size()
+            queue_now = tuple(id(t) for t in pending[name])
+            key = (queue_now, target - cluster.ready(name), target)
+            memo = demand_memo.get(name)
+            if memo is not None and memo[0] == key:
+                nodes[name] = cluster.busy(name) + memo[1]
+            else:
+                stale.append((pool, key))
+        if stale:
+            demand = reactive_demand(
+                None,
+                [m for pool, _ in stale for t in pending[pool.name] for m in t.members],
+                [pool for pool, _ in stale],
+                engine,
+                booting={pool.name: key[1] for pool, key in stale},
+                current={pool.name: key[2] for pool, key in stale},
+            )
+            estimate = demand.estimate
+            for pool, key in stale:
+                demand_memo[pool.name] = (key, demand.nodes[pool.name])
+                nodes[pool.name] = cluster.busy(pool.name) + demand.nodes[pool.name]
+        return ReactiveDemand(nodes, estimate)
+
     # The cluster starts sized for the demand of its first minute, nodes ready.
     initial = {p.name: 0.0 for p in pools}
-    for job in queue:
-        if job.submit <= 0:
-            initial[job.pool] += job.gpus * job.milli / WHOLE
+    for task in tasks:
+        if task.submit <= 0:
+            initial[task.pool] += task.gpus
     for pool in pools:
         size = min(
             max(math.ceil(initial[pool.name] / pool.gpus_per_node), pool.min_size), pool.max_size
         )
         if size:
             groups[pool.name].increase_size(size)
-    sim_cloud.advance(max(p.boot_seconds for p in pools) + 1)
-    arrivals = deque(queue)
+    events = sim_cloud.advance(max(p.boot_seconds for p in pools) + 1)
+    arrivals = deque(tasks)
 
     for minute in range(minutes):
+        now_s = minute * 60.0
         if minute:
-            sim_cloud.advance(60)
-        _sync_nodes(groups, nodes, idle_since, minute)
+            events = sim_cloud.advance(60)
+        for task in _sync(cluster, events, minute, grown):
+            stopped(task)
         while running and running[0][0] <= minute:
-            _, _, job = heapq.heappop(running)
-            _release(job, idle_since, minute)
-            held[job.pool] -= job.gpus * job.milli / WHOLE
+            _, _, generation, task = heapq.heappop(running)
+            if generation != task.generation:
+                continue  # evicted since: its new run has its own entry
+            cluster.stop(task, minute)
+            held[task.pool] -= task.gpus
+            grown[task.pool] = True
         while arrivals and arrivals[0].submit <= minute:
-            job = arrivals.popleft()
-            pending[job.pool].append(job)
+            enqueue(arrivals.popleft())
         for name, waiting in pending.items():
-            pending[name] = _place(waiting, nodes[name], minute, running, done, idle_since)
-            held[name] += sum(j.gpus * j.milli for j in waiting if j.started == minute) / WHOLE
+            if not (grown[name] or fresh[name]) or not waiting:
+                continue
+            if grown[name]:
+                failed[name].clear()
+            grown[name] = fresh[name] = False
+            evicted = scheduler.preempted
+            started = scheduler.admit(waiting, failed[name], now_s)
+            if started:
+                ids = {id(t) for t in started}
+                pending[name] = [t for t in waiting if id(t) not in ids]
+            for task in started:
+                if math.isnan(task.started):
+                    task.started = float(minute)
+                    done.append(task)
+                held[name] += task.gpus
+                heapq.heappush(
+                    running, (minute + task.duration, next(order), task.generation, task)
+                )
+            if scheduler.preempted > evicted or scheduler.requeued:
+                grown[name] = True  # evictions freed room some skipped shape may use
+            for task in scheduler.requeued:
+                stopped(task)
+            scheduler.requeued.clear()
 
-        observed = {
-            p.name: _nodes_needed(nodes[p.name], pending[p.name], p) * p.gpus_per_node
-            for p in pools
-        }
+        reactive = observe().outlooks(pools)
+        observed = {o.group: o.observed for o in reactive}
         for name, value in observed.items():
             step_peak[name] = max(step_peak[name], value)
         at = (begin + pd.Timedelta(minutes=minute)).to_pydatetime()
@@ -211,42 +760,33 @@ def simulate_jobs(
                 )
                 for p in pools
             ]
-            decided = plan(
-                outlook,
-                _fleet(groups, nodes, at),
-                pools,
-                step_policy,
-                step_memory,
-            )
+            decided = plan(outlook, _fleet(groups, cluster, at), pools, step_policy, step_memory)
             step_memory = decided.memory
-            actions += _apply(decided.desired, groups, nodes, idle_since, minute)
+            actions += _apply(decided.desired, groups, cluster, engine)
         if minute % STEP_MINUTES == 0:  # a new step: its peak starts from this minute
             step_peak = dict(observed)
 
-        outlook = [
-            DemandOutlook(p.name, observed[p.name], gpu_models=frozenset({p.gpu_model}))
-            for p in pools
-        ]
-        decided = plan(
-            outlook,
-            _fleet(groups, nodes, at),
-            pools,
-            minute_policy,
-            minute_memory,
-        )
+        decided = plan(reactive, _fleet(groups, cluster, at), pools, minute_policy, minute_memory)
         minute_memory = decided.memory
-        actions += _apply(decided.desired, groups, nodes, idle_since, minute)
+        actions += _apply(decided.desired, groups, cluster, engine)
+
+        if mode == "predictive":  # what the plan provides beyond real work is held
+            for slot in cluster.unheld():
+                cluster.hold(slot, holders[cluster.pool_of[slot]])
 
         for pool in pools:
-            demand = held[pool.name] + sum(j.gpus * j.milli for j in pending[pool.name]) / WHOLE
-            paid_rows.append((minute, pool.name, groups[pool.name].target_size(), demand))
+            waiting = sum(t.gpus for t in pending[pool.name])
+            paid_rows.append(
+                (minute, pool.name, groups[pool.name].target_size(), held[pool.name] + waiting)
+            )
 
     start_minute = (start - begin) / pd.Timedelta(minutes=1)
     # A job's wait for capacity runs from the first scheduling pass after it arrives.
-    scored = [j for j in done if j.submit >= start_minute]
-    waits = [j.started - math.ceil(j.submit) for j in scored]
-    unstarted = [j for waiting in pending.values() for j in waiting if j.submit >= start_minute]
-    waits += [minutes - math.ceil(j.submit) for j in unstarted]
+    scored = [t for t in done if t.submit >= start_minute]
+    unstarted = [t for waiting in pending.values() for t in waiting if t.submit >= start_minute]
+    unstarted = [t for t in unstarted if math.isnan(t.started)]
+    waits = [t.started - math.ceil(t.submit) for t in scored]
+    waits += [minutes - math.ceil(t.submit) for t in unstarted]
     fleet = pd.DataFrame(paid_rows, columns=["minute", "pool", "nodes", "demand_gpus"])
     fleet["ds"] = begin + pd.to_timedelta(fleet["minute"], unit="min")
     scored_fleet = fleet[fleet["minute"] >= start_minute]
@@ -255,161 +795,48 @@ def simulate_jobs(
     return JobSimResult(
         mode=mode,
         waits=np.asarray(waits, dtype=float),
+        gpus=np.asarray([t.gpus for t in [*scored, *unstarted]], dtype=float),
         unstarted=len(unstarted),
         gpu_hours=float((scored_fleet["nodes"] * gpn).sum() / 60),
         cost=float((scored_fleet["nodes"] * price).sum() / 60),
         fleet=fleet.drop(columns="minute"),
         scale_actions=actions,
+        placement=engine.name,
+        queue=queue,
+        placeholders_preempted=scheduler.preempted,
+        job_ids=tuple(t.gang_or_id for t in [*scored, *unstarted]),
     )
 
 
-def _queue(
-    jobs: pd.DataFrame, pools: Mapping[str, NodePool], begin: pd.Timestamp, end: pd.Timestamp
-) -> list[_Job]:
-    """Jobs still running or arriving in [begin, end), in arrival order; jobs submitted
-    before `begin` arrive at once, with the time they have left."""
-    submit = (jobs["submit"] - begin) / pd.Timedelta(minutes=1)
-    finish = submit + jobs["duration_min"]
-    keep = (finish > 0) & (submit < (end - begin) / pd.Timedelta(minutes=1))
-    unknown = set(jobs.loc[keep, "pool"]) - set(pools)
-    if unknown:
-        raise InputError(f"jobs name pools that are not configured: {sorted(unknown)}")
-    out = []
-    for i, row in enumerate(jobs[keep].itertuples(index=False)):
-        first = float(submit[keep].iloc[i])
-        out.append(
-            _Job(
-                index=i,
-                pool=row.pool,
-                gpus=int(row.gpus),
-                milli=int(row.gpu_milli),
-                cpu=int(row.cpu_milli),
-                mem=int(row.memory_mib),
-                duration=max(1, math.ceil(row.duration_min + min(first, 0.0))),
-                submit=max(first, 0.0),
-            )
-        )
-    out.sort(key=lambda j: j.submit)
-    return out
+def _sync(
+    cluster: _SimCluster, events: Sequence[CloudEvent], minute: int, grown: dict[str, bool]
+) -> list[_Task]:
+    """Follow the cloud: nodes that became ready join the cluster, nodes the cloud took
+    (spot interruptions) leave it; returns the real tasks those took down."""
+    stopped: list[_Task] = []
+    for event in events:
+        if event.kind == "ready":
+            cluster.join(event.pool, event.node, minute)
+            grown[event.pool] = True
+        elif event.kind == "interrupted" and event.node in cluster.slot_of:
+            stopped += cluster.leave(event.node)
+    return stopped
 
 
-def _sync_nodes(groups, nodes, idle_since, minute) -> None:
-    """Mirror the cloud: ready nodes join the placeable set; nodes that vanished leave."""
-    for name, group in groups.items():
-        pool = group.template()
-        ready = {n.name for n in group.nodes() if n.status == NodeStatus.READY}
-        mine = nodes[name]
-        for gone in set(mine) - ready:
-            del mine[gone]  # vanished with its jobs only if the cloud took it (not modelled)
-            idle_since.pop(gone, None)
-        for new in sorted(ready - set(mine)):
-            mine[new] = _Node(
-                new,
-                pool,
-                [WHOLE] * pool.gpus_per_node,
-                pool.cpu_milli_per_node,
-                pool.memory_mib_per_node,
-            )
-            idle_since[new] = minute
-
-
-def _place(waiting, pool_nodes, minute, running, done, idle_since) -> list[_Job]:
-    left = []
-    ordered = list(pool_nodes.values())
-    for job in waiting:
-        held = _fit(job, ordered)
-        if held is None:
-            left.append(job)
-            continue
-        for node, gpus, milli in held:
-            for g in gpus:
-                node.gpu_free[g] -= milli
-            node.cpu_free -= job.cpu // len(held)
-            node.mem_free -= job.mem // len(held)
-            node.jobs += 1
-            idle_since.pop(node.name, None)
-        job.held = held
-        job.started = float(minute)
-        heapq.heappush(running, (minute + job.duration, job.index, job))
-        done.append(job)
-    return left
-
-
-def _fit(job: _Job, ordered: list[_Node]) -> list[tuple[_Node, list[int], int]] | None:
-    """First fit: a shared GPU with room, k whole GPUs on one node, or whole empty nodes."""
-    if not ordered:
-        return None
-    per_node = ordered[0].pool.gpus_per_node
-    if job.gpus > per_node:
-        count = job.gpus // per_node
-        empty = [n for n in ordered if n.jobs == 0][:count]
-        if len(empty) < count:
-            return None
-        return [(n, list(range(per_node)), WHOLE) for n in empty]
-    for node in ordered:
-        if node.cpu_free < job.cpu or node.mem_free < job.mem:
-            continue
-        if job.milli < WHOLE:
-            for g, free in enumerate(node.gpu_free):
-                if free >= job.milli:
-                    return [(node, [g], job.milli)]
-            continue
-        whole = [g for g, free in enumerate(node.gpu_free) if free == WHOLE]
-        if len(whole) >= job.gpus:
-            return [(node, whole[: job.gpus], WHOLE)]
-    return None
-
-
-def _release(job: _Job, idle_since: dict[str, int], minute: int) -> None:
-    for node, gpus, milli in job.held:
-        for g in gpus:
-            node.gpu_free[g] += milli
-        node.cpu_free += job.cpu // len(job.held)
-        node.mem_free += job.mem // len(job.held)
-        node.jobs -= 1
-        if node.jobs == 0:
-            idle_since[node.name] = minute
-
-
-def _nodes_needed(pool_nodes: Mapping[str, _Node], waiting: list[_Job], pool: NodePool) -> int:
-    """Nodes in use plus the empty nodes the waiting jobs would pack onto (CA's estimate)."""
-    in_use = sum(1 for n in pool_nodes.values() if n.jobs)
-    bins: list[_Node] = []
-    for job in sorted(waiting, key=lambda j: -j.gpus * j.milli):
-        held = _fit(job, bins)
-        while held is None:
-            bins.append(
-                _Node(
-                    "",
-                    pool,
-                    [WHOLE] * pool.gpus_per_node,
-                    pool.cpu_milli_per_node,
-                    pool.memory_mib_per_node,
-                )
-            )
-            held = _fit(job, bins)
-        for node, gpus, milli in held:
-            for g in gpus:
-                node.gpu_free[g] -= milli
-            node.cpu_free -= job.cpu // len(held)
-            node.mem_free -= job.mem // len(held)
-            node.jobs += 1
-    return in_use + len(bins)
-
-
-def _fleet(groups: Groups, nodes: Mirror, at: datetime) -> FleetState:
-    """Ready nodes are the mirrored ones; the rest of a group's target is booting."""
+def _fleet(groups: Groups, cluster: _SimCluster, at: datetime) -> FleetState:
+    """Ready nodes are those in the cluster; the rest of a group's target is booting.
+    Nodes that hold only placeholders are idle: their room is not work."""
     pools = []
     for name, group in groups.items():
-        ready = len(nodes[name])
-        idle = sum(1 for n in nodes[name].values() if n.jobs == 0)
+        ready = cluster.ready(name)
+        idle = ready - cluster.busy(name)
         pools.append(PoolFleet(name, ready, group.target_size() - ready, removable=idle))
     return FleetState(at=at, pools=tuple(pools))
 
 
-def _apply(desired, groups, nodes, idle_since, minute) -> int:
+def _apply(desired: Mapping[str, int], groups: Groups, cluster: _SimCluster, engine: Policy) -> int:
     """Carry a plan out: grow a group, or delete booting nodes (newest first) and then the
-    nodes idle longest. Returns the number of groups changed."""
+    nodes idle longest that the scale-down check lets go. Returns the groups changed."""
     changed = 0
     for name, size in desired.items():
         group = groups[name]
@@ -423,19 +850,23 @@ def _apply(desired, groups, nodes, idle_since, minute) -> int:
                 key=lambda n: n.launched_at,
                 reverse=True,
             )
-            idle = sorted(
-                (n for n in nodes[name].values() if n.jobs == 0),
-                key=lambda n: idle_since.get(n.name, minute),
-            )
-            victims = [n.name for n in booting] + [n.name for n in idle]
-            victims = victims[:-delta]
+            victims = [n.name for n in booting][:-delta]
+            if len(victims) < -delta:
+                idle = cluster.idle(name)
+                checks = check_removals(cluster.state, idle[: -delta - len(victims)], engine)
+                victims += [
+                    cluster.node_in[cluster.state.node_index(c.node)] for c in checks if c.removable
+                ]
             if victims:
                 group.delete_nodes(victims)
                 for v in victims:
-                    nodes[name].pop(v, None)
-                    idle_since.pop(v, None)
+                    if v in cluster.slot_of:
+                        cluster.leave(v)
                 changed += 1
     return changed
+
+
+# --------------------------------------------------------------------------- comparison
 
 
 @dataclass(frozen=True)
@@ -462,6 +893,7 @@ def compare_on_workload(
     policy: PlannerPolicy | None = None,
     cloud: SimulatedCloudConfig | None = None,
     levels: tuple[float, ...] = (0.5, 0.9, 0.99),
+    queue: Order = DEFAULT_QUEUE,
 ) -> WorkloadComparison:
     """Reactive against predictive on one job stream. The forecaster (a `Forecaster`) is
     fitted on the per-pool demand (`unique_id` = pool, GPUs, any resolution) before
@@ -488,7 +920,9 @@ def compare_on_workload(
         full = rolling_outlook(model, series, ds, first, list(range(1, lead + 2)), levels)
         outlooks[pool.name] = full[first:]
     results = {
-        mode: simulate_jobs(jobs, pools, mode, begin, start, end, policy, outlooks, levels, cloud)
+        mode: simulate_jobs(
+            jobs, pools, mode, begin, start, end, policy, outlooks, levels, cloud, queue
+        )
         for mode in ("reactive", "predictive")
     }
     return WorkloadComparison(
