@@ -186,6 +186,38 @@ def test_dry_run_commits_nothing_and_delete_releases(fixed: TestClient) -> None:
     assert fixed.delete("/v1/placements/d", headers=AUTH).status_code == 404
 
 
+def test_fixed_nodes_carry_the_model_label_so_a_selector_finds_them(fixed: TestClient) -> None:
+    """A fixed node is labelled with its GPU model as GPU feature discovery labels a
+    Kubernetes node: a placement selecting the model by label lands where the extender
+    sends a pod with the same selector, and a model no node has fits nowhere."""
+    t4 = {"nvidia.com/gpu.product": "T4"}
+    pod = pod_json("infer", 2, uid="uid-infer")
+    pod["spec"]["nodeSelector"] = t4
+    args = {"Pod": pod, "Nodes": None, "NodeNames": [n["name"] for n in FIXED_NODES]}
+    assert fixed.post("/v1/extender/filter", json=args).json()["NodeNames"] == ["t-1"]
+    body = {"id": "infer", "num_gpu": 2, "node_selector": t4, "dry_run": True}
+    answer = fixed.post("/v1/placements", json=body, headers=AUTH)
+    assert answer.status_code == 201 and answer.json()["node"] == "t-1", answer.text
+    both = body | {"node_selector": t4 | {"gpuscale.io/pool": "t4"}}
+    assert fixed.post("/v1/placements", json=both, headers=AUTH).json()["node"] == "t-1"
+    h100 = body | {"node_selector": {"nvidia.com/gpu.product": "H100"}}
+    assert fixed.post("/v1/placements", json=h100, headers=AUTH).status_code == 409
+
+
+def test_the_providers_nodes_are_their_pools_template_labelled_alike(tmp_path: Path) -> None:
+    """Without a fixed list or Kubernetes, the simulated cloud's nodes (min size 2) are
+    the pool's template, labelled with pool and model."""
+    with TestClient(create_app(live_config(tmp_path))) as client:
+        selector = {"gpuscale.io/pool": "a100", "nvidia.com/gpu.product": "A100"}
+        body = {"id": "j", "num_gpu": 8, "node_selector": selector}
+        first = client.post("/v1/placements", json=body, headers=AUTH)
+        second = client.post("/v1/placements", json=body | {"id": "k"}, headers=AUTH)
+        assert first.status_code == second.status_code == 201, first.text
+        assert first.json()["node"] != second.json()["node"]
+        third = client.post("/v1/placements", json=body | {"id": "l"}, headers=AUTH)
+        assert third.status_code == 409  # two nodes of eight GPUs
+
+
 @pytest.mark.parametrize(
     ("body", "field"),
     [

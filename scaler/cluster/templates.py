@@ -14,13 +14,19 @@ from scaler.cluster.snapshot import NodeSpec
 POOL_LABEL = KUBE_NAMES.pool_label
 
 
-def template_node(pool: NodePool, name: str, pool_label: str = POOL_LABEL) -> NodeSpec:
-    """An empty node of `pool` named `name`."""
+def template_node(
+    pool: NodePool, name: str, pool_label: str = POOL_LABEL, model_label: str | None = None
+) -> NodeSpec:
+    """An empty node of `pool` named `name`; with `model_label`, labelled with its GPU
+    model too, as GPU feature discovery labels a Kubernetes node."""
+    labels = {pool_label: pool.name}
+    if model_label is not None and pool.gpu_model:
+        labels[model_label] = pool.gpu_model
     return NodeSpec(
         name=name,
         cpu_milli=pool.cpu_milli_per_node,
         memory_mib=pool.memory_mib_per_node,
         gpus=pool.gpus_per_node,
         model=pool.gpu_model,
-        labels=((pool_label, pool.name),),
+        labels=tuple(sorted(labels.items())),
     )

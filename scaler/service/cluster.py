@@ -4,7 +4,9 @@ Nodes come from the config's fixed list, else from Kubernetes (the process's one
 `SharedListing`, taken at most every `placement.sync_s` and shared with the plan: the
 loop's snapshot of the registered nodes, cordoned and draining ones marked, with the pods
 bound to them on the GPU indices our bind recorded), else from the provider's nodes with
-their pool's template. Nodes the scheduler sends that the source did not list are learned
+their pool's template. Fixed and template nodes carry the pool and GPU model labels a
+Kubernetes node carries, so a job selecting either by label is placed on them as the
+extender places it. Nodes the scheduler sends that the source did not list are learned
 until the next listing. Jobs the service placed itself (`POST /v1/placements`, extender
 binds not yet seen on a pod) are kept and bound again whenever the state is rebuilt.
 
@@ -24,6 +26,7 @@ from http import HTTPStatus
 
 from kubernetes import client as k8s
 
+from scaler.cluster.templates import template_node
 from scaler.controller.config import kube_names, workload_mix
 from scaler.controller.system import LiveSystem
 from scaler.kube.errors import KubeError, Refusal, kube_call
@@ -226,38 +229,37 @@ class LiveCluster:
             self._rebuild()
 
     def _read_sources(self) -> dict[str, NodeSpec]:
-        """The fixed list's nodes, else the provider's."""
-        if self.settings.nodes:
-            specs = {}
-            for n in self.settings.nodes:
-                labels = {**n.labels, **({self.pool_label: n.pool} if n.pool else {})}
-                specs[n.name] = NodeSpec(
-                    name=n.name,
-                    cpu_milli=n.cpu_milli,
-                    memory_mib=n.memory_mib,
-                    gpus=n.gpus,
-                    model=n.gpu_model,
-                    labels=tuple(sorted(labels.items())),
-                )
-            return specs
-        return self._read_provider()
+        """The fixed list's nodes, else the provider's; labelled with their pool and GPU
+        model as a Kubernetes node is, so a job selecting either by label finds them."""
+        if not self.settings.nodes:
+            return self._read_provider()
+        specs = {}
+        for n in self.settings.nodes:
+            labels = dict(n.labels)
+            if n.pool:
+                labels[self.pool_label] = n.pool
+            if n.gpu_model:
+                labels[self.names.gpu_model_label] = n.gpu_model
+            specs[n.name] = NodeSpec(
+                name=n.name,
+                cpu_milli=n.cpu_milli,
+                memory_mib=n.memory_mib,
+                gpus=n.gpus,
+                model=n.gpu_model,
+                labels=tuple(sorted(labels.items())),
+            )
+        return specs
 
     def _read_provider(self) -> dict[str, NodeSpec]:
         provider = self.system.provider
         provider.refresh()
-        specs = {}
-        for group in provider.node_groups():
-            pool = group.template()
-            for node in group.nodes():
-                specs[node.name] = NodeSpec(
-                    name=node.name,
-                    cpu_milli=pool.cpu_milli_per_node,
-                    memory_mib=pool.memory_mib_per_node,
-                    gpus=pool.gpus_per_node,
-                    model=pool.gpu_model,
-                    labels=((self.pool_label, pool.name),),
-                )
-        return specs
+        return {
+            node.name: template_node(
+                group.template(), node.name, self.pool_label, self.names.gpu_model_label
+            )
+            for group in provider.node_groups()
+            for node in group.nodes()
+        }
 
     def _rebuild(self) -> None:
         """A fresh engine state from the nodes, with every known job bound again (pods
