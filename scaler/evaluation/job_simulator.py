@@ -35,7 +35,7 @@ import math
 from collections import Counter, deque
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, replace
-from datetime import datetime
+from datetime import datetime, timedelta
 from typing import Literal
 
 import numpy as np
@@ -701,6 +701,7 @@ def simulate_jobs(
             groups[pool.name].increase_size(size)
     events = sim_cloud.advance(max(p.boot_seconds for p in pools) + 1)
     arrivals = deque(tasks)
+    first_minute = begin.to_pydatetime()
 
     for minute in range(minutes):
         now_s = minute * 60.0
@@ -746,7 +747,7 @@ def simulate_jobs(
         observed = {o.group: o.observed for o in reactive}
         for name, value in observed.items():
             step_peak[name] = max(step_peak[name], value)
-        at = (begin + pd.Timedelta(minutes=minute)).to_pydatetime()
+        at = first_minute + timedelta(minutes=minute)
 
         if mode == "predictive" and minute % STEP_MINUTES == 0 and minute:
             step = minute // STEP_MINUTES
@@ -851,8 +852,8 @@ def _apply(desired: Mapping[str, int], groups: Groups, cluster: _SimCluster, eng
                 reverse=True,
             )
             victims = [n.name for n in booting][:-delta]
-            if len(victims) < -delta:
-                idle = cluster.idle(name)
+            idle = cluster.idle(name) if len(victims) < -delta else []
+            if idle:
                 checks = check_removals(cluster.state, idle[: -delta - len(victims)], engine)
                 victims += [
                     cluster.node_in[cluster.state.node_index(c.node)] for c in checks if c.removable
