@@ -12,16 +12,18 @@ nodes, and every scheduling question goes to the placement engine, as in the liv
   policy against the job stream's typical mix, backfilling (a job that does not fit lets
   later ones try). A multi-node job (more GPUs than a node has) is a gang of members that
   each take a whole node, all started at once or none. A job that fits nowhere preempts
-  what it may (`placement.preemption`: placeholders first).
+  what it may (`placement.preemption`: placeholders first, then jobs of lower priority,
+  which go back to the queue to run again in full); a gang evicts placeholders only.
 - `reactive` (Cluster Autoscaler): every minute the planner in reactive mode scales each
   pool up to `planning.reactive.reactive_demand` (busy nodes plus the booting and new
   nodes the pending jobs pack onto) and removes idle nodes after they have been unneeded
   for 10 minutes, only nodes the scale-down check (`placement.scale_down`) passes.
 - `predictive`: every 10-minute step the planner sizes each pool from the forecast of its
   demand over the boot time (pre-positioning); between steps, the same minute-level
-  reactive check adds nodes at once when jobs wait (scale-down left to the forecast). The
-  ready nodes that run no real job hold placeholder jobs of the mix's common whole-GPU
-  shape, which real jobs preempt; placeholders never count as work.
+  reactive check adds nodes at once when jobs wait (scale-down left to the forecast).
+  Every ready node that runs no real job holds one placeholder job (its GPUs, and the CPU
+  and memory of the mix's common whole-GPU shape as often as they fit) until a real job
+  preempts it; a node in use holds none, and placeholders never count as work.
 
 Nodes are paid from request to removal. Jobs submitted before the evaluation start warm
 the cluster and the planner up; only jobs submitted from `start` on are scored.
