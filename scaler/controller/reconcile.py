@@ -73,7 +73,13 @@ from scaler.planning.planner import (
     PlannerPolicy,
     plan,
 )
-from scaler.planning.reactive import ReactiveDemand, reactive_demand, with_floor
+from scaler.planning.reactive import (
+    ReactiveDemand,
+    ReactiveFloor,
+    reactive_demand,
+    reactive_floor,
+    with_floor,
+)
 from scaler.providers.base import ProviderError
 
 log = logging.getLogger(__name__)
@@ -122,22 +128,22 @@ class Removal:
 
 
 @dataclass(frozen=True)
-class ReactiveFloor:
-    """What the pending pods need now (Cluster Autoscaler's estimate on the one cluster
-    model), the reactive plan made of it, and the floor it puts under the pass's sizes."""
+class PendingFloor:
+    """The reactive floor of a pass (`planning.reactive`) and how many real pods wait."""
 
-    demand: ReactiveDemand
-    plan: CapacityPlan
-    floor: Mapping[str, int]  # pools the pending pods make grow, and to what size
-    pending: int  # real pods waiting
+    reactive: ReactiveFloor
+    pending: int
+
+    @property
+    def floor(self) -> Mapping[str, int]:
+        return self.reactive.floor
+
+    @property
+    def demand(self) -> ReactiveDemand:
+        return self.reactive.demand
 
     def to_dict(self) -> dict[str, object]:
-        return {
-            "pending_pods": self.pending,
-            "nodes": dict(self.demand.nodes),
-            "estimate": self.demand.estimate.to_dict(),
-            "floor": dict(self.floor),
-        }
+        return {"pending_pods": self.pending, **self.reactive.to_dict()}
 
 
 @dataclass(frozen=True, eq=False)
@@ -156,7 +162,7 @@ class Decision:
     placeholders: tuple[PlaceholderDemand, ...]
     planner_state: PlannerState
     forecast_source: str
-    reactive: ReactiveFloor | None = None
+    reactive: PendingFloor | None = None
 
     @property
     def problems(self) -> list[str]:
@@ -216,19 +222,17 @@ def hold_scale_downs(plan: CapacityPlan, problems: Sequence[str]) -> tuple[dict[
     return desired, held
 
 
-def reactive_floor(
+def pending_floor(
     fleet: FleetView,
     fleet_state: FleetState,
     pools: Sequence[NodePool],
     policy: PlannerPolicy,
     placement: Policy,
     pool_label: str,
-) -> ReactiveFloor:
-    """The sizes the pending pods need at least: `reactive_demand` packs them onto the
-    ready nodes, the booting ones and new template nodes, and the planner in reactive mode,
-    never scaling down, sizes the pools for it. Only pools it grows get a floor: where the
-    pending pods fit the fleet, the floor would be today's size and keep the plan from
-    ever removing an idle node."""
+) -> PendingFloor:
+    """The sizes the pending pods need at least (`planning.reactive.reactive_floor`, as
+    the job simulator computes it): `reactive_demand` packs them onto the ready nodes, the
+    booting ones and new template nodes of the fleet the loop observed."""
     cluster = fleet.cluster
     pending = cluster.real_pending if cluster is not None else ()
     # A node that has registered is in the cluster state; only the others are on the way.
@@ -245,10 +249,7 @@ def reactive_floor(
         current=fleet.sizes(),
         pool_label=pool_label,
     )
-    reactive = policy.model_copy(update={"mode": "reactive", "scale_down_enabled": False})
-    planned = plan(demand.outlooks(pools), fleet_state, pools, reactive)
-    floor = {d.pool: d.desired for d in planned.decisions if d.action == "scale_up"}
-    return ReactiveFloor(demand, planned, floor, len(pending))
+    return PendingFloor(reactive_floor(demand, fleet_state, pools, policy), len(pending))
 
 
 def choose_removals(
@@ -469,7 +470,7 @@ class Reconciler:
         reactive = None
         if fleet.cluster is not None:
             # Pods waiting now need capacity whatever the forecast said (or failed to say).
-            reactive = reactive_floor(
+            reactive = pending_floor(
                 fleet, fleet_state, cfg.pools, cfg.policy, placement, names.pool_label
             )
             desired = with_floor(desired, reactive.floor)

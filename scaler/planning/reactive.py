@@ -18,7 +18,14 @@ from scaler.cluster.snapshot import ClusterState
 from scaler.cluster.templates import POOL_LABEL
 from scaler.placement.estimator import ScaleUpEstimate, estimate_scale_up
 from scaler.placement.policies.base import Policy
-from scaler.planning.planner import DemandOutlook
+from scaler.planning.planner import (
+    CapacityPlan,
+    DemandOutlook,
+    FleetState,
+    PlannerMemory,
+    PlannerPolicy,
+    plan,
+)
 
 
 @dataclass(frozen=True)
@@ -75,6 +82,40 @@ def reactive_demand(
     busy = busy_nodes(state, estimate.existing_nodes, pool_label)
     nodes = {p.name: busy.get(p.name, 0) + estimate.pools[p.name].nodes_used for p in pools}
     return ReactiveDemand(nodes, estimate)
+
+
+@dataclass(frozen=True)
+class ReactiveFloor:
+    """What the pending jobs need now, the reactive plan made of it, and the floor it puts
+    under a predictive plan's sizes."""
+
+    demand: ReactiveDemand
+    plan: CapacityPlan
+    floor: Mapping[str, int]  # pools the pending jobs make grow, and to what size
+
+    def to_dict(self) -> dict[str, object]:
+        return {
+            "nodes": dict(self.demand.nodes),
+            "estimate": self.demand.estimate.to_dict(),
+            "floor": dict(self.floor),
+        }
+
+
+def reactive_floor(
+    demand: ReactiveDemand,
+    fleet: FleetState,
+    pools: Sequence[NodePool],
+    policy: PlannerPolicy,
+    memory: PlannerMemory | None = None,
+) -> ReactiveFloor:
+    """The sizes the pending jobs need at least: the planner in reactive mode, never
+    scaling down, on `demand`. Only pools it grows get a floor: where the pending jobs fit
+    the fleet, the floor would be today's size and keep the plan from ever removing an
+    idle node."""
+    reactive = policy.model_copy(update={"mode": "reactive", "scale_down_enabled": False})
+    planned = plan(demand.outlooks(pools), fleet, pools, reactive, memory)
+    floor = {d.pool: d.desired for d in planned.decisions if d.action == "scale_up"}
+    return ReactiveFloor(demand, planned, floor)
 
 
 def with_floor(desired: Mapping[str, int], floor: Mapping[str, int]) -> dict[str, int]:
