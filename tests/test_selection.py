@@ -11,13 +11,13 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from predictor.data.synthetic import generate, load_config
 from predictor.evaluation.backtest import baseline_quantile
 from predictor.foundation.errors import InputError
 from predictor.models import build
 from predictor.models.direct import split_series, uncross
 from predictor.models.forecast import quantile_column
 from predictor.models.selection import Selected, SelectionRule, combinations, score_window
+from scaler.evaluation.synthetic import generate, load_config
 
 LEVELS = (0.5, 0.9, 0.99)
 CANDIDATES = ("persistence", "empirical", "seasonal-naive")

@@ -3,7 +3,6 @@
 
 from __future__ import annotations
 
-import dataclasses
 from pathlib import Path
 
 import numpy as np
@@ -11,7 +10,6 @@ import pandas as pd
 import pytest
 
 import scaler.evaluation.job_simulator as job_simulator
-from predictor.data.synthetic import generate, load_config
 from predictor.models import build
 from scaler.cluster.pools import NodePool
 from scaler.evaluation.job_simulator import (
@@ -20,6 +18,7 @@ from scaler.evaluation.job_simulator import (
     simulate_jobs,
     simulator_snapshot,
 )
+from scaler.evaluation.synthetic import generate, load_config
 from scaler.placement.estimator import estimate_scale_up
 from scaler.planning.planner import PlannerPolicy
 from scaler.planning.reactive import busy_nodes
@@ -326,7 +325,7 @@ def test_gpu_hours_count_booting_nodes() -> None:
 
 def test_predictive_cuts_waiting_on_the_synthetic_workload() -> None:
     workload = generate(load_config(), seed=1, days=3)
-    pools = [NodePool(**{**dataclasses.asdict(p), "boot_seconds": 600}) for p in workload.pools]
+    pools = [p.model_copy(update={"boot_seconds": 600}) for p in workload.pools]
     start = workload.start + pd.Timedelta(days=2, hours=6)
     end = start + pd.Timedelta(hours=12)
     comparison = compare_on_workload(

@@ -9,13 +9,13 @@ import pandas as pd
 import pytest
 import yaml
 
-from predictor.data.synthetic import (
-    PoolSpec,
+from predictor.foundation.errors import InputError
+from scaler.cluster.pools import NodePool
+from scaler.evaluation.synthetic import (
     default_config_path,
     generate,
     load_config,
 )
-from predictor.foundation.errors import InputError
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -42,7 +42,7 @@ def test_same_seed_same_workload() -> None:
 
 def test_shape(week) -> None:
     assert [p.name for p in week.pools] == ["a100", "h100", "t4"]
-    assert all(isinstance(p, PoolSpec) for p in week.pools)
+    assert all(isinstance(p, NodePool) for p in week.pools)
     jobs = week.jobs
     assert list(jobs.columns) == [
         "job_id", "stream", "kind", "pool", "submit", "gpus", "gpu_milli", "cpu_milli",

@@ -11,11 +11,11 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from predictor.data.synthetic import generate, load_config
 from predictor.foundation.errors import InputError
 from predictor.lifecycle.registry import ModelRegistry
 from predictor.models import NetParams, build
 from predictor.models.forecast import quantile_column
+from scaler.evaluation.synthetic import generate, load_config
 
 LEVELS = (0.5, 0.9, 0.99)
 SMALL = NetParams(hidden=32, epochs=3, batch_size=256)

@@ -48,8 +48,8 @@ def generate(
     """
     import yaml
 
-    from predictor.data.synthetic import generate as generate_workload
-    from predictor.data.synthetic import load_config, pools_document
+    from scaler.evaluation.synthetic import generate as generate_workload
+    from scaler.evaluation.synthetic import load_config, pools_document
 
     workload = generate_workload(load_config(config), seed=seed, days=days)
     out.mkdir(parents=True, exist_ok=True)

@@ -630,10 +630,10 @@ def _simulate_jobs(
 ) -> dict[str, object]:
     import dataclasses
 
-    from predictor.data.synthetic import generate, load_config
     from scaler.cluster.pools import NodePool
     from scaler.evaluation.job_simulator import WARMUP, compare_on_workload
     from scaler.evaluation.scaling_plots import jobs_plot
+    from scaler.evaluation.synthetic import generate, load_config
 
     generated = generate(load_config(workload), seed=seed, days=days)
     pools = [

@@ -9,7 +9,6 @@ Everything runs on the embedded defaults: no cluster, no cloud account, no share
 
 from __future__ import annotations
 
-import dataclasses
 import html
 import json
 from collections.abc import Callable
@@ -18,12 +17,12 @@ from pathlib import Path
 
 import pandas as pd
 
-from predictor.data.synthetic import SyntheticWorkload, generate, load_config
 from predictor.foundation.atomic_files import write_text
 from predictor.lifecycle.registry import ModelRegistry
 from predictor.lifecycle.training import stepped_history, train_and_register
 from predictor.telemetry.store import TelemetryStore
 from scaler.cluster.pools import NodePool
+from scaler.evaluation.synthetic import SyntheticWorkload, generate, load_config
 
 MODEL_NAME = "gpuscale"
 SHOWN_HORIZONS = (1, 3, 18)  # steps of 10 minutes: 10 min, 30 min, 3 h
@@ -120,10 +119,7 @@ def _fresh_model():
 
 
 def _with_boot(workload: SyntheticWorkload, boot_minutes: float) -> list[NodePool]:
-    return [
-        NodePool(**{**dataclasses.asdict(p), "boot_seconds": boot_minutes * 60})
-        for p in workload.pools
-    ]
+    return [p.model_copy(update={"boot_seconds": boot_minutes * 60}) for p in workload.pools]
 
 
 def _write_report(

@@ -17,7 +17,6 @@ Pool fields use the names of `scaler.cluster.pools.NodePool`, so the `pools.yaml
 
 from __future__ import annotations
 
-import dataclasses
 import math
 from dataclasses import dataclass
 from datetime import datetime
@@ -32,34 +31,11 @@ from pydantic import BaseModel, ConfigDict, Field, model_validator
 from predictor.data.loaders import DemandTrace
 from predictor.foundation.config_files import FieldError, load_model
 from predictor.foundation.errors import InputError
+from scaler.cluster.pools import NodePool
 
 DEFAULT_CONFIG_NAME = "synthetic_default.yaml"
 MINUTES_PER_DAY = 24 * 60
 WHOLE_GPU_MILLI = 1000
-
-
-class PoolConfig(BaseModel):
-    """One pool of identical nodes (same fields as `scaler.cluster.pools.NodePool`)."""
-
-    model_config = ConfigDict(extra="forbid")
-
-    name: str = Field(pattern=r"^[a-z0-9][a-z0-9-]*$")
-    gpu_model: str = Field(min_length=1)
-    gpus_per_node: int = Field(gt=0, le=16)
-    cpu_milli_per_node: int = Field(gt=0)
-    memory_mib_per_node: int = Field(gt=0)
-    price_per_hour: float = Field(ge=0)
-    power_watts: float = Field(ge=0)
-    boot_seconds: float = Field(ge=0)
-    min_size: int = Field(ge=0)
-    max_size: int = Field(gt=0)
-    capacity_type: Literal["on-demand", "spot"] = "on-demand"
-
-    @model_validator(mode="after")
-    def _sizes(self) -> PoolConfig:
-        if self.max_size < self.min_size:
-            raise ValueError(f"max_size {self.max_size} is below min_size {self.min_size}")
-        return self
 
 
 class DurationConfig(BaseModel):
@@ -136,7 +112,7 @@ class WorkloadConfig(BaseModel):
     start: datetime
     days: float = Field(gt=0, le=365)
     warmup_days: float = Field(default=3.0, ge=0, le=30)
-    pools: list[PoolConfig] = Field(min_length=1)
+    pools: list[NodePool] = Field(min_length=1)
     streams: list[StreamConfig] = Field(min_length=1)
 
     @model_validator(mode="after")
@@ -164,23 +140,6 @@ class WorkloadConfig(BaseModel):
         return self
 
 
-@dataclass(frozen=True)
-class PoolSpec:
-    """A generated pool (the fields of `scaler.cluster.pools.NodePool`)."""
-
-    name: str
-    gpu_model: str
-    gpus_per_node: int
-    cpu_milli_per_node: int
-    memory_mib_per_node: int
-    price_per_hour: float
-    power_watts: float
-    boot_seconds: float
-    min_size: int
-    max_size: int
-    capacity_type: str
-
-
 @dataclass(frozen=True, eq=False)
 class SyntheticWorkload:
     """Jobs and demand over [start, end).
@@ -198,7 +157,7 @@ class SyntheticWorkload:
     seed: int
     start: pd.Timestamp
     end: pd.Timestamp
-    pools: list[PoolSpec]
+    pools: list[NodePool]
     jobs: pd.DataFrame
     demand: pd.DataFrame
 
@@ -210,9 +169,9 @@ class SyntheticWorkload:
 
 
 def default_config_path() -> Path:
-    """The shipped default (package data of `predictor`; `data/synthetic/default.yaml` in
+    """The shipped default (package data of `scaler.evaluation`; `data/synthetic/default.yaml` in
     the repository is a link to it)."""
-    return Path(str(resources.files("predictor.data") / DEFAULT_CONFIG_NAME))
+    return Path(str(resources.files("scaler.evaluation") / DEFAULT_CONFIG_NAME))
 
 
 def load_config(path: str | Path | None = None) -> WorkloadConfig:
@@ -245,20 +204,20 @@ def generate(config: WorkloadConfig, seed: int, days: float | None = None) -> Sy
         seed=seed,
         start=start,
         end=start + pd.Timedelta(minutes=minutes),
-        pools=[PoolSpec(**pool.model_dump()) for pool in config.pools],
+        pools=list(config.pools),
         jobs=jobs,
         demand=demand,
     )
 
 
-def pools_document(pools: list[PoolSpec]) -> dict[str, list[dict[str, object]]]:
+def pools_document(pools: list[NodePool]) -> dict[str, list[dict[str, object]]]:
     """The `{pools: [...]}` mapping that `scaler.cluster.pools.load_pools` reads."""
-    return {"pools": [dataclasses.asdict(pool) for pool in pools]}
+    return {"pools": [pool.model_dump() for pool in pools]}
 
 
 def _stream_jobs(
     stream: StreamConfig,
-    pools: dict[str, PoolConfig],
+    pools: dict[str, NodePool],
     start: pd.Timestamp,
     warmup: int,
     minutes: int,
