@@ -628,18 +628,13 @@ def _simulate_jobs(
     boot_minutes: float,
     queue: str = "fifo",
 ) -> dict[str, object]:
-    import dataclasses
 
-    from scaler.cluster.pools import NodePool
     from scaler.evaluation.job_simulator import WARMUP, compare_on_workload
     from scaler.evaluation.scaling_plots import jobs_plot
-    from scaler.evaluation.synthetic import generate, load_config
+    from scaler.evaluation.synthetic import generate, load_config, with_boot
 
     generated = generate(load_config(workload), seed=seed, days=days)
-    pools = [
-        NodePool(**{**dataclasses.asdict(p), "boot_seconds": boot_minutes * 60})
-        for p in generated.pools
-    ]
+    pools = with_boot(generated.pools, boot_minutes)
     # The first half fits the model (less the warm-up), the second half is scored.
     half = (generated.end - generated.start) / 2
     start = generated.start + half

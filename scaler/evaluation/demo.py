@@ -21,8 +21,7 @@ from predictor.foundation.atomic_files import write_text
 from predictor.lifecycle.registry import ModelRegistry
 from predictor.lifecycle.training import stepped_history, train_and_register
 from predictor.telemetry.store import TelemetryStore
-from scaler.cluster.pools import NodePool
-from scaler.evaluation.synthetic import SyntheticWorkload, generate, load_config
+from scaler.evaluation.synthetic import SyntheticWorkload, generate, load_config, with_boot
 
 MODEL_NAME = "gpuscale"
 SHOWN_HORIZONS = (1, 3, 18)  # steps of 10 minutes: 10 min, 30 min, 3 h
@@ -87,7 +86,7 @@ def run_demo(
     )
 
     step(f"replaying the jobs: reactive against predictive scaling ({boot_minutes:g}-min boot)")
-    pools = _with_boot(workload, boot_minutes)
+    pools = with_boot(workload.pools, boot_minutes)
     start = workload.start + (workload.end - workload.start) / 2
     comparison = compare_on_workload(
         workload.jobs, workload.demand, pools, _fresh_model(), start=start, end=workload.end
@@ -116,10 +115,6 @@ def _fresh_model():
     from predictor.models import build
 
     return build(MODEL_NAME)
-
-
-def _with_boot(workload: SyntheticWorkload, boot_minutes: float) -> list[NodePool]:
-    return [p.model_copy(update={"boot_seconds": boot_minutes * 60}) for p in workload.pools]
 
 
 def _write_report(

@@ -210,6 +210,11 @@ def generate(config: WorkloadConfig, seed: int, days: float | None = None) -> Sy
     )
 
 
+def with_boot(pools: list[NodePool], boot_minutes: float) -> list[NodePool]:
+    """The pools with another boot time (the job-level runs set it; the config has one)."""
+    return [p.model_copy(update={"boot_seconds": boot_minutes * 60}) for p in pools]
+
+
 def pools_document(pools: list[NodePool]) -> dict[str, list[dict[str, object]]]:
     """The `{pools: [...]}` mapping that `scaler.cluster.pools.load_pools` reads."""
     return {"pools": [pool.model_dump() for pool in pools]}
