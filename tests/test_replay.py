@@ -3,7 +3,9 @@
 from __future__ import annotations
 
 import json
+import math
 from dataclasses import dataclass
+from fractions import Fraction
 from pathlib import Path
 
 import numpy as np
@@ -13,20 +15,32 @@ import pytest
 from predictor.data.loaders import load_trace
 from predictor.models import build
 from predictor.models.forecast import Forecaster
+from scaler.cluster.pools import NodePool
 from scaler.evaluation.replay import (
     CesPolicy,
     OraclePolicy,
+    PlannerPolicyRun,
+    ReactiveRule,
+    ReplayOutcome,
     ReplaySeries,
     StaticPolicy,
     horizon_mean_weights,
     replay,
 )
 from scaler.evaluation.scaling_bench import (
+    CES_MULTIPLES,
+    HEADROOM_NODES,
+    HEADROOM_SHARES,
+    ROLLING_BUFFERS,
+    ROLLING_WINDOWS,
     BenchSettings,
+    PreparedSeries,
     bench_trace,
+    overview,
     planner_run,
     prepare_trace,
     summarize,
+    sweep_runs,
 )
 from scaler.planning.planner import PlannerPolicy
 
@@ -153,23 +167,294 @@ def test_philly_static_matches_an_independent_computation(traces_dir: Path) -> N
     assert row["steps"] == 14 * 144
 
 
-def test_replay_on_a_helios_vc_slice_beats_reactive_on_shortage(traces_dir: Path) -> None:
+@pytest.fixture(scope="module")
+def vclJZ_bench(traces_dir: Path) -> tuple[PreparedSeries, list[ReplayOutcome]]:
+    """One Helios VC slice through the whole bench at L = 0 and 1 (one replay each)."""
     spec = f"helios-vc:{traces_dir / 'helios-earth' / 'vcLJZ.csv.gz'}"
     trace = load_trace(spec, split="2020-05-29")
-    settings = BenchSettings(lags=(0, 1), policy=PlannerPolicy(mode="hybrid", target_shortage=0.05))
-    _, outcomes = bench_trace(trace, empirical_model, settings)
+    policy = PlannerPolicy(mode="hybrid", target_shortage=0.05)
+    settings = BenchSettings(lags=(0, 1), policy=policy, knobs=(0.01, 0.05))
+    prepared, outcomes = bench_trace(trace, empirical_model, settings)
+    (item,) = prepared.series
+    return item, outcomes
+
+
+def test_replay_on_a_helios_vc_slice_beats_reactive_on_shortage(
+    vclJZ_bench: tuple[PreparedSeries, list[ReplayOutcome]],
+) -> None:
+    _, outcomes = vclJZ_bench
     rows = [o.row() for o in outcomes]
-    assert {r["policy"] for r in rows} == {"static", "reactive", "ces", "oracle", "predictive"}
+    assert {r["policy"] for r in rows} == {
+        "static", "reactive", "ces", "oracle", "predictive",
+        "headroom", "headroom-percent", "rolling-max",
+    }  # fmt: skip
     assert all(r["steps"] == int(rows[0]["steps"]) for r in rows)
-    by = {(r["policy"], r["lag_steps"]): r for r in rows}
+    swept = len(HEADROOM_NODES) + len(HEADROOM_SHARES) + len(CES_MULTIPLES)
+    swept += len(ROLLING_WINDOWS) * len(ROLLING_BUFFERS)
+    assert len(rows) == 2 * (4 + swept + 2)  # per lag: 4 baselines, the sweeps, 2 knobs
+    by = {(r["policy"], r["knob"], r["lag_steps"]): r for r in rows}
     for lag in (0, 1):
-        ours, reactive = by["predictive", lag], by["reactive", lag]
+        ours, reactive = by["predictive", 0.05, lag], by["reactive", None, lag]
         assert ours["shortage_node_steps"] < reactive["shortage_node_steps"]
-        assert by["oracle", lag]["shortage_node_steps"] == 0
-        assert ours["provisioning_ratio"] < by["static", lag]["provisioning_ratio"]
-    (summary,) = [s for s in summarize(rows) if s["lag_steps"] == 0]
-    assert summary["series"] == "vcLJZ"
-    assert summary["shortage_vs_reactive"] < 0
+        assert by["oracle", None, lag]["shortage_node_steps"] == 0
+        assert ours["provisioning_ratio"] < by["static", None, lag]["provisioning_ratio"]
+        # more headroom: never cheaper, never shorter
+        headroom = [by["headroom", k, lag] for k in HEADROOM_NODES]
+        ratios = [r["provisioning_ratio"] for r in headroom]
+        assert ratios == sorted(ratios)
+        short = [r["shortage_node_steps"] for r in headroom]
+        assert short == sorted(short, reverse=True)
+    summary = summarize(rows)
+    assert {(s["knob"], s["lag_steps"]) for s in summary} == {
+        (k, lag) for k in (0.01, 0.05) for lag in (0, 1)
+    }
+    for s in summary:
+        assert s["series"] == "vcLJZ"
+        if s["saving"] is not None:
+            assert s["matched_node_steps"] <= s["predictive_node_steps"]
+
+
+def test_the_reactive_rule_is_the_planners_reactive_mode(
+    vclJZ_bench: tuple[PreparedSeries, list[ReplayOutcome]],
+) -> None:
+    """`headroom` is reactive plus spare nodes: with none it is the `reactive` row exactly, on
+    the trace slice and on a hand-made series with a 3-step unneeded time and a capacity cap."""
+    item, outcomes = vclJZ_bench
+    s = item.series
+    for lag in (0, 1):
+        (reactive,) = [o for o in outcomes if o.policy == "reactive" and o.lag == lag]
+        rule = replay(s, ReactiveRule("headroom", s.demand, 1, s.warmup), lag)
+        assert np.array_equal(rule.paid, reactive.paid)
+
+    demand = [3.0, 5, 9, 2, 2, 2, 7, 1, 1, 1, 1, 12, 12, 4, 0, 0, 6]
+    hand = series(demand, warmup=2, start=3, bound=[10.0] * 8 + [8.0] * 9)
+    pool = NodePool(name="p", gpu_model="any", gpus_per_node=1, price_per_hour=1.0, max_size=99)
+    at = list(pd.DatetimeIndex(hand.ds).to_pydatetime())
+    for lag in (0, 1, 2):
+        planner = PlannerPolicyRun(
+            "reactive",
+            PlannerPolicy(mode="reactive", unneeded_steps=3),
+            pool.model_copy(update={"boot_seconds": lag * 600.0}),
+            hand.demand,
+            at,
+        )
+        rule = ReactiveRule("headroom", hand.demand, 3, hand.warmup)
+        assert replay(hand, rule, lag).paid.tolist() == replay(hand, planner, lag).paid.tolist()
+
+
+# --------------------------------------------------- an independent replay of the baselines
+
+
+def independent_replay(
+    demand: np.ndarray,
+    decide: object,
+    warmup: int,
+    start: int,
+    lag: int,
+    bound: np.ndarray | None = None,
+) -> tuple[float, int, float]:
+    """BENCHMARKS.md `scaling`, node by node: `decide(t, fleet)` sets the target (fleet =
+    nodes paid after step t-1); each node remembers the step it was requested, new nodes
+    go last and nodes leave from the end (the newest first), a node serves once `lag` steps
+    have passed since its request. Returns (provisioning ratio, events, node-steps)."""
+    nodes: list[int] = []
+    paid = short = 0.0
+    events = 0
+    for t in range(warmup, demand.size):
+        want = max(int(decide(t, len(nodes))), 0)
+        if bound is not None:
+            want = min(want, int(bound[t]))
+        while len(nodes) < want:
+            nodes.append(t)
+        del nodes[want:]
+        if t >= start:
+            ready = sum(1 for asked in nodes if asked + lag <= t)
+            lack = max(demand[t] - ready, 0.0)
+            paid += len(nodes)
+            short += lack
+            events += lack > 0
+    return paid / demand[start:].sum(), events, short
+
+
+def ceil_share(demand: np.ndarray, share: float) -> np.ndarray:
+    """ceil(share x demand) in exact integer arithmetic."""
+    num, den = Fraction(share).limit_denominator(1000).as_integer_ratio()
+    return np.array([-(-int(d) * num // den) for d in demand], dtype=float)
+
+
+def independent_ces(
+    demand: np.ndarray, future: np.ndarray, future2: np.ndarray, buffer: int
+) -> object:
+    """The Helios CES rule written out from its description (keep 10 steps after a
+    scale-up; history 2; scale down only when the trend and the forecast both point down)."""
+    state = {"started": False, "stable_until": -1}
+
+    def decide(t: int, fleet: int) -> int:
+        last = demand[t - 1]
+        if not state["started"]:
+            state["started"] = True
+            return math.ceil(last) + buffer
+        if fleet < last:
+            fleet = math.ceil(last) + buffer
+            state["stable_until"] = t + 10
+        before = demand[max(t - 3, 0) : t - 1]
+        trend = (sum(before) / len(before) - last) if len(before) else 0.0
+        if (
+            trend >= 0.1
+            and last - future[t] >= 0
+            and t >= state["stable_until"]
+            and future[t] >= future2[t]
+        ):
+            state["stable_until"] = t
+            fleet = min(fleet, math.ceil(last) + buffer)
+        return fleet
+
+    return decide
+
+
+def independent_rows(
+    demand: np.ndarray,
+    warmup: int,
+    start: int,
+    lag: int,
+    bound: np.ndarray | None,
+    ces: tuple[np.ndarray, np.ndarray, int] | None = None,
+) -> dict[tuple[str, float, int | None], tuple[float, int, float]]:
+    """Every swept baseline, keyed (policy, knob, window); Cluster Autoscaler's unneeded
+    time is one step (10 minutes), so reactive is "the demand seen last step"."""
+    seen = pd.Series(demand).shift(1).fillna(0).to_numpy()
+
+    def run(targets: np.ndarray) -> tuple[float, int, float]:
+        return independent_replay(demand, lambda t, _: targets[t], warmup, start, lag, bound)
+
+    out = {}
+    for k in HEADROOM_NODES:
+        out["headroom", k, None] = run(seen + k)
+    for p in HEADROOM_SHARES:
+        out["headroom-percent", p, None] = run(seen + ceil_share(seen, p))
+    for w in ROLLING_WINDOWS:
+        peak = np.array([max(demand[max(t - w, 0) : t], default=0) for t in range(demand.size)])
+        for b in ROLLING_BUFFERS:
+            out["rolling-max", b, w] = run(peak + b)
+    if ces is not None:
+        future, future2, base = ces
+        for m in CES_MULTIPLES:
+            buffer = math.ceil(m * base)
+            decide = independent_ces(demand, future, future2, buffer)
+            out["ces", buffer, None] = independent_replay(demand, decide, warmup, start, lag, bound)
+    return out
+
+
+def assert_rows_match(
+    outcomes: list[ReplayOutcome],
+    expected: dict[tuple[str, float, int | None], tuple[float, int, float]],
+) -> None:
+    got = {}
+    for o in outcomes:
+        row = o.row()
+        key = (row["policy"], row["knob"], row.get("window_steps"))
+        got[key] = (row["provisioning_ratio"], row["shortage_events"], row["shortage_node_steps"])
+    assert got.keys() == expected.keys()
+    for key, (ratio, events, node_steps) in expected.items():
+        assert got[key][0] == pytest.approx(ratio, rel=1e-12), key
+        assert got[key][1:] == (events, node_steps), key
+
+
+def hand_prepared(demand: list[float], bound: list[float] | None = None) -> PreparedSeries:
+    s = series(demand, warmup=3, start=6, bound=bound)
+    n = s.demand.size
+    rng = np.random.default_rng(7)
+    return PreparedSeries(
+        series=s,
+        units=s.demand,
+        per_node=1,
+        outlook=np.zeros((n, 2, 3)),
+        ces_future=(s.demand + rng.normal(0, 2, n), s.demand + rng.normal(0, 2, n)),
+        ces_buffer=3,
+        at=list(pd.DatetimeIndex(s.ds).to_pydatetime()),
+        step=STEP,
+    )
+
+
+@pytest.mark.parametrize("lag", [0, 1, 2])
+@pytest.mark.parametrize("capped", [False, True])
+def test_swept_baselines_match_an_independent_replay_on_a_hand_made_series(
+    lag: int, capped: bool
+) -> None:
+    rng = np.random.default_rng(3)
+    walk = np.clip(np.cumsum(rng.integers(-6, 7, size=160)) + 30, 0, None)
+    demand = (walk + 8 * (rng.random(160) < 0.05)).astype(float).tolist()  # and some bursts
+    bound = [45.0] * 80 + [38.0] * 80 if capped else None
+    item = hand_prepared(demand, bound)
+    s = item.series
+    expected = independent_rows(
+        s.demand, s.warmup, s.start, lag, s.bound, (*item.ces_future, item.ces_buffer)
+    )
+    outcomes = sweep_runs(item, lag)
+    assert_rows_match(outcomes, expected)
+    rolling = [o.row() for o in outcomes if o.policy == "rolling-max"]
+    assert all(r["buffer_nodes"] == r["knob"] for r in rolling)
+    assert {r["window_steps"] for r in rolling} == set(ROLLING_WINDOWS)
+    ces = [o.row() for o in outcomes if o.policy == "ces"]
+    assert [(r["buffer_multiple"], r["knob"]) for r in ces] == [(0.5, 2), (1, 3), (2, 6), (4, 12)]
+
+
+def test_swept_baselines_match_an_independent_replay_on_a_helios_slice(
+    vclJZ_bench: tuple[PreparedSeries, list[ReplayOutcome]],
+) -> None:
+    item, outcomes = vclJZ_bench
+    s = item.series
+    swept = {"headroom", "headroom-percent", "rolling-max"}
+    for lag in (0, 1):
+        mine = [o for o in outcomes if o.lag == lag and (o.policy in swept or o.setting)]
+        mine = [o for o in mine if o.policy != "predictive"]
+        ces = (*item.ces_future, item.ces_buffer)
+        assert_rows_match(mine, independent_rows(s.demand, s.warmup, s.start, lag, None, ces))
+
+
+def test_cost_at_matched_shortage_is_set_against_the_cheapest_baseline_with_no_more() -> None:
+    def row(lag: int, policy: str, ratio: float, short: float, knob: float | None = None) -> dict:
+        return {
+            "trace": "t", "series": "s", "lag_steps": lag, "policy": policy, "knob": knob,
+            "provisioning_ratio": ratio, "shortage_events": int(short // 2),
+            "shortage_node_steps": short, "steps": 100,
+        }  # fmt: skip
+
+    rows = [
+        row(0, "static", 1.45, 0),
+        row(0, "reactive", 1.0, 300),
+        row(0, "headroom", 1.10, 20, 2),
+        row(0, "rolling-max", 1.08, 20, 5) | {"window_steps": 12, "buffer_nodes": 5},
+        row(0, "ces", 1.20, 5, 40),
+        row(0, "oracle", 1.0, 0),  # the physical limit, no baseline
+        row(0, "predictive", 1.05, 25, 0.01),
+        row(0, "predictive", 1.30, 4, 0.001),
+        row(0, "predictive", 1.00, 400, 0.1),
+        row(1, "reactive", 1.0, 300),
+        row(1, "headroom", 1.5, 30, 32),
+        row(1, "predictive", 1.2, 10, 0.01),
+    ]
+    summary = {(s["lag_steps"], s["knob"]): s for s in summarize(rows)}
+    assert summary.keys() == {(0, 0.01), (0, 0.001), (0, 0.1), (1, 0.01)}
+    point = summary[0, 0.01]
+    assert (point["matched_policy"], point["matched_knob"]) == ("rolling-max", 5)
+    assert point["matched_window_steps"] == 12 and point["matched"] == "rolling-max W12+5"
+    assert point["matched_ratio"] == 1.08 and point["matched_node_steps"] == 20
+    assert point["saving"] == pytest.approx(1 - 1.05 / 1.08)
+    assert point["short_share"] == pytest.approx(12 / 100)
+    assert point["reactive_node_steps"] == 300 and point["oracle_ratio"] == 1.0
+    # 4 node-steps short: only static lacks no more (oracle does not count)
+    assert summary[0, 0.001]["matched_policy"] == "static"
+    assert summary[0, 0.001]["saving"] == pytest.approx(1 - 1.30 / 1.45)
+    # more shortage than every baseline: the cheapest of all, reactive, and a loss of 0
+    assert summary[0, 0.1]["matched"] == "reactive" and summary[0, 0.1]["saving"] == 0
+    # no baseline lacks as little: no match
+    assert summary[1, 0.01]["matched"] is None and summary[1, 0.01]["saving"] is None
+
+    totals = {(o["lag_steps"], o["knob"]): o for o in overview(list(summary.values()))}
+    assert totals[0, 0.1]["share_in_band"] == 0.0  # 200 / 100 steps short, not 5-20 %
+    assert totals[0, 0.01]["matched"] == 1 and totals[1, 0.01]["matched"] == 0
+    assert totals[1, 0.01]["mean_saving"] is None
 
 
 def test_no_decision_reads_demand_at_or_after_its_step(traces_dir: Path) -> None:
@@ -202,21 +487,44 @@ def test_gpuscale_bench_scaling_writes_the_row_contract(traces_dir: Path, tmp_pa
         "bench", "scaling",
         "--trace", f"helios-vc:{traces_dir / 'helios-earth' / 'vcTJs.csv.gz'}",
         "--split", "2020-05-30", "--lag", "0", "--lag", "1",
-        "--model", "empirical", "--target-shortage", "0.05", "--json", str(out),
+        "--model", "empirical", "--knob", "0.2", "--knob", "0.05", "--json", str(out),
     ]  # fmt: skip
     result = CliRunner().invoke(app, args)
     assert result.exit_code == 0, result.output
+    assert "cost at matched shortage" in result.output
     document = json.loads(out.read_text())
     assert document["suite"] == "scaling"
     fields = {
-        "trace", "series", "lag_steps", "policy", "provisioning_ratio", "shortage_events",
+        "trace", "series", "lag_steps", "policy", "knob", "provisioning_ratio", "shortage_events",
         "shortage_node_steps", "scale_actions_per_day", "replay_seconds",
     }  # fmt: skip
     assert all(fields <= row.keys() for row in document["rows"])
-    assert sorted((r["policy"], r["lag_steps"]) for r in document["rows"]) == sorted(
-        (p, lag) for p in ("static", "reactive", "ces", "oracle", "predictive") for lag in (0, 1)
+    unswept = [(r["policy"], r["lag_steps"]) for r in document["rows"] if r["knob"] is None]
+    assert sorted(unswept) == sorted(
+        (p, lag) for p in ("static", "reactive", "ces", "oracle") for lag in (0, 1)
     )
-    assert {s["lag_steps"] for s in document["summary"]} == {0, 1}
+    ours = [(r["knob"], r["lag_steps"]) for r in document["rows"] if r["policy"] == "predictive"]
+    assert sorted(ours) == [(0.05, 0), (0.05, 1), (0.2, 0), (0.2, 1)]
+    rolling = [r for r in document["rows"] if r["policy"] == "rolling-max"]
+    assert len(rolling) == 2 * len(ROLLING_WINDOWS) * len(ROLLING_BUFFERS)
+    assert all(r["knob"] == r["buffer_nodes"] and r["window_steps"] for r in rolling)
+    assert sorted((s["knob"], s["lag_steps"]) for s in document["summary"]) == sorted(ours)
+    for s in document["summary"]:
+        assert {"matched", "matched_ratio", "matched_node_steps", "saving", "short_share"} <= (
+            s.keys()
+        )
+    assert {(o["knob"], o["lag_steps"]) for o in document["overview"]} == set(ours)
+
+
+def test_bench_scaling_takes_knobs_or_one_target_shortage_not_both() -> None:
+    from typer.testing import CliRunner
+
+    from scaler.cli import app
+
+    args = ["bench", "scaling", "--trace", "series:x.csv", "--knob", "0.01"]
+    result = CliRunner().invoke(app, [*args, "--target-shortage", "0.01"])
+    assert result.exit_code != 0
+    assert "not both" in result.output
 
 
 def test_gpuscale_simulate_draws_the_fleet_and_the_frontier(
@@ -236,7 +544,12 @@ def test_gpuscale_simulate_draws_the_fleet_and_the_frontier(
     for name in ("fleet.png", "frontier.png", "summary.json"):
         assert (tmp_path / name).stat().st_size > 1000
     # stdout is the document alone (the progress goes to stderr)
-    assert json.loads(result.stdout) == json.loads((tmp_path / "summary.json").read_text())
+    document = json.loads(result.stdout)
+    assert document == json.loads((tmp_path / "summary.json").read_text())
+    assert {r["policy"] for r in document["sweeps"]} == {
+        "headroom", "headroom-percent", "rolling-max", "ces"
+    }  # fmt: skip
+    assert sorted(m["knob"] for m in document["matched"]) == [0.01, 0.1]  # the frontier
 
 
 def test_replay_on_one_minute_steps_uses_only_forecasts_made_before_the_minute(

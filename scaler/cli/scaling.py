@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import json
-import math
 from collections.abc import Callable
 from pathlib import Path
 from typing import TYPE_CHECKING, Annotated
@@ -66,6 +65,14 @@ def bench_scaling(
             " 0.003); lower costs more and waits less.",
         ),
     ] = None,
+    knobs: Annotated[
+        list[float] | None,
+        typer.Option(
+            "--knob",
+            help="One `predictive` row per target-shortage setting K (repeat); instead of"
+            " the single row at --target-shortage.",
+        ),
+    ] = None,
     calibration_days: Annotated[
         float,
         typer.Option(
@@ -92,24 +99,31 @@ def bench_scaling(
     """Replay demand traces through the scaling policies (BENCHMARKS.md `scaling`).
 
     Every series runs under `static`, `reactive` (Cluster Autoscaler), `ces` (the Helios
-    rule on our median forecast), `oracle` and `predictive` (our planner) at each lag, side
-    by side. A policy sees demand up to the previous 10-minute step; nodes requested at
-    step t serve from t+L and are paid from t. Rows give the provisioning ratio (paid
-    node-steps over demand), shortage events and node-steps, scale actions per day and the
-    replay time (the policy's decisions over warm-up and test steps; model fitting and
-    forecasting are timed apart, in `fit_seconds` and `forecast_seconds`); the summary tells,
-    per series and lag, the share of the distance between the best baseline (the cheapest
-    whose shortage is no more than ours) and the oracle that `predictive` closes.
+    rule on our median forecast), `oracle` and `predictive` (our planner, one row per
+    --knob) at each lag, side by side, and under the baselines teams run instead, each swept
+    over its setting (row field `knob`): `headroom` (reactive plus k spare nodes),
+    `headroom-percent` (plus ceil(p x demand)), `rolling-max` (peak of the last W steps plus
+    b) and `ces` at 0.5-4 times its buffer. A policy sees demand up to the previous step;
+    nodes requested at step t serve from t+L and are paid from t. Rows give the
+    provisioning ratio (paid node-steps over demand), shortage events and node-steps, scale
+    actions per day and the replay time (model fitting and forecasting are timed apart, in
+    `fit_seconds` and `forecast_seconds`). The summary sets each predictive point against
+    its matched baseline, the cheapest baseline row with no more shortage node-steps
+    (saving = 1 - ours / matched), with the realised share of short steps.
     """
     from rich.console import Console
     from rich.progress import track
 
     from predictor.data.loaders import load_trace
-    from scaler.evaluation.scaling_bench import BenchSettings, bench_trace, summarize
+    from scaler.evaluation.scaling_bench import BenchSettings, bench_trace, overview, summarize
     from scaler.planning.planner import PlannerPolicy
 
     if mode not in ("predictive", "hybrid"):
         raise typer.BadParameter("must be predictive or hybrid", param_hint="--mode")
+    if knobs and target_shortage is not None:
+        raise typer.BadParameter("give --knob or --target-shortage, not both", param_hint="--knob")
+    if any(not 0 < k < 1 for k in knobs or ()):
+        raise typer.BadParameter("a knob is a share of steps, in (0, 1)", param_hint="--knob")
     lag_list = tuple(sorted(set(lags or [0, 1])))
     if any(lag < 0 for lag in lag_list):
         raise typer.BadParameter("lags are >= 0", param_hint="--lag")
@@ -122,6 +136,7 @@ def bench_scaling(
         calibration_days=calibration_days,
         policy=PlannerPolicy(**overrides),
         step_minutes=step_minutes,
+        knobs=tuple(sorted(set(knobs or ()))),
     )
     make_forecaster = _model_factory(model)
     loaded = [
@@ -144,9 +159,10 @@ def bench_scaling(
                 row["fit_seconds"] = round(prepared.fit_seconds, 3)
             rows.append(row)
     summary = summarize(rows)
-    _print_rows(rows, summary)
+    overall = overview(summary)
+    _print_rows(rows, summary, overall)
     if json_out is not None:
-        document = {"suite": "scaling", "rows": rows, "summary": summary}
+        document = {"suite": "scaling", "rows": rows, "summary": summary, "overview": overall}
         text = json.dumps(document, indent=2, default=jsonable)
         json_out.parent.mkdir(parents=True, exist_ok=True)
         write_text(json_out, text)
@@ -167,22 +183,33 @@ def _model_factory(name: str) -> Callable[[], Forecaster]:
     return make
 
 
-def _print_rows(rows: list[dict[str, object]], summary: list[dict[str, object]]) -> None:
+def _print_rows(
+    rows: list[dict[str, object]],
+    summary: list[dict[str, object]],
+    overall: list[dict[str, object]],
+) -> None:
     from rich.table import Table
 
-    table = Table(title="scaling: provisioning and shortage per policy")
-    for column in ("trace", "series", "L", "policy", "ratio", "events", "short", "act/day", "s"):
+    # The swept baselines are many; they reach the screen through the matched table.
+    shown = [r for r in rows if r["knob"] is None or r["policy"] == "predictive"]
+    table = Table(
+        title=f"scaling: provisioning and shortage per policy ({len(rows) - len(shown)} swept"
+        " baseline rows in --json)"
+    )
+    columns = ("trace", "series", "L", "policy", "knob", "ratio", "events", "short", "act/day")
+    for column in (*columns, "s"):
         table.add_column(
             column,
             justify="left" if column in ("trace", "series", "policy") else "right",
             no_wrap=True,
         )
-    for r in rows:
+    for r in shown:
         table.add_row(
             str(r["trace"]),
             str(r["series"]),
             str(r["lag_steps"]),
             str(r["policy"]),
+            "" if r["knob"] is None else f"{r['knob']:g}",
             f"{r['provisioning_ratio']:.4f}",
             str(r["shortage_events"]),
             f"{r['shortage_node_steps']:g}",
@@ -192,31 +219,48 @@ def _print_rows(rows: list[dict[str, object]], summary: list[dict[str, object]])
     console = table_console()
     console.print(table)
     if summary:
-        closing = Table(title="predictive against the best baseline and the oracle")
-        for column in (
-            "series",
-            "L",
-            "best",
-            "best ratio",
-            "oracle",
-            "ours",
-            "closed",
-            "short-react",
-        ):
-            closing.add_column(column, justify="left" if column in ("series", "best") else "right")
+        matched = Table(title="cost at matched shortage: predictive against the cheapest baseline")
+        columns = ("series", "L", "knob", "ratio", "events", "short", "short share")
+        columns += ("matched", "m ratio", "m events", "m short", "saving")
+        for column in columns:
+            matched.add_column(
+                column, justify="left" if column in ("series", "matched") else "right"
+            )
         for s in summary:
-            closed = s["gap_closed"]
-            closing.add_row(
+            saving = s["saving"]
+            matched.add_row(
                 str(s["series"]),
                 str(s["lag_steps"]),
-                str(s["best_baseline"]),
-                f"{s['best_ratio']:.4f}",
-                f"{s['oracle_ratio']:.4f}",
+                f"{s['knob']:g}",
                 f"{s['predictive_ratio']:.4f}",
-                "n/a" if isinstance(closed, float) and math.isnan(closed) else f"{closed:.0%}",
-                f"{s['shortage_vs_reactive']:+g}",
+                str(s["predictive_events"]),
+                f"{s['predictive_node_steps']:g}",
+                f"{s['short_share']:.4f}",
+                str(s["matched"] or "none"),
+                "" if saving is None else f"{s['matched_ratio']:.4f}",
+                "" if saving is None else str(s["matched_events"]),
+                "" if saving is None else f"{s['matched_node_steps']:g}",
+                "n/a" if saving is None else f"{saving:+.1%}",
             )
-        console.print(closing)
+        console.print(matched)
+    if overall:
+        totals = Table(title="per trace, lag and knob, over its series")
+        columns = ("trace", "L", "knob", "series", "matched", "mean saving", "worst")
+        for column in (*columns, "share in [knob/2, 2 knob]"):
+            totals.add_column(column, justify="left" if column == "trace" else "right")
+        for o in overall:
+            mean, worst = o["mean_saving"], o["worst_saving"]
+            totals.add_row(
+                str(o["trace"]),
+                str(o["lag_steps"]),
+                f"{o['knob']:g}",
+                str(o["series"]),
+                str(o["matched"]),
+                "n/a" if mean is None else f"{mean:+.1%}",
+                "n/a" if worst is None else f"{worst:+.1%}",
+                f"{o['share_in_band']:.0%}",
+            )
+        console.print(totals)
 
 
 def plan_command(
@@ -486,7 +530,9 @@ def simulate(
 
     With --trace: replay one series under every policy, draw the fleet against demand with
     the shortage beneath (fleet.png), and sweep the service-level knob (target shortage) of
-    our planner to draw its cost/shortage frontier next to the baselines (frontier.png).
+    our planner to draw its cost/shortage points against the baselines' frontier, the
+    cheapest swept baseline at each shortage level (frontier.png); `matched` in the summary
+    sets each point against that cheapest baseline.
 
     With --synthetic: the job-level simulation on the synthetic workload; jobs arrive, wait
     for capacity in the --queue order and are placed by the placement engine's default
@@ -587,6 +633,8 @@ def _simulate_trace(
         baseline_runs,
         planner_run,
         prepare_trace,
+        summarize,
+        sweep_runs,
     )
     from scaler.evaluation.scaling_plots import fleet_plot, frontier_plot
 
@@ -599,6 +647,7 @@ def _simulate_trace(
         raise InputError("the trace has no series with both training and test data", path=spec)
     item = prepared.series[0]
     baselines = baseline_runs(item, lag)
+    sweeps = sweep_runs(item, lag)
     ours = planner_run(item, lag, policy)
     frontier = {}
     out.mkdir(parents=True, exist_ok=True)  # once the inputs are read: none left on bad ones
@@ -608,12 +657,16 @@ def _simulate_trace(
         frontier[knob] = planner_run(item, lag, policy.model_copy(update={"target_shortage": knob}))
     pictures = [
         fleet_plot([*baselines, ours], out / "fleet.png"),
-        frontier_plot(frontier, baselines, out / "frontier.png"),
+        frontier_plot(frontier, [*baselines, *sweeps], out / "frontier.png"),
     ]
+    swept = [o.row() for o in sweeps]
+    points = [v.row() for v in frontier.values()]
     return {
         "title": f"{item.series.trace} {item.series.series}, L = {lag}",
         "rows": [o.row() for o in (*baselines, ours)],
-        "frontier": [{"target_shortage": k, **v.row()} for k, v in frontier.items()],
+        "sweeps": swept,
+        "frontier": [{"target_shortage": k, **v} for k, v in zip(frontier, points, strict=True)],
+        "matched": summarize([*(o.row() for o in baselines), *swept, *points]),
         "pictures": [str(p) for p in pictures],
     }
 

@@ -9,7 +9,10 @@ bound where it has one.
 
 Policies: `static` (the capacity the cluster really had), `reactive` (Cluster
 Autoscaler), `ces` (the Helios CES rule on our median forecast), `oracle` (perfect
-foresight) and `predictive` (ours: the same `planner.plan` the live loop calls).
+foresight) and `predictive` (ours: the same `planner.plan` the live loop calls); and what
+teams run instead, swept over their setting: `headroom` and `headroom-percent` (Cluster
+Autoscaler with spare nodes, `ReactiveRule` on padded demand) and `rolling-max`
+(`rolling_max_targets`). These baselines are plain functions of the demand, not product.
 """
 
 from __future__ import annotations
@@ -85,6 +88,9 @@ class ReplayOutcome:
     shortage: np.ndarray
     actions: int
     seconds: float
+    # The policy's setting: `knob` (the swept value; None for a policy without one) and the
+    # protocol's extra fields of a swept row (e.g. `window_steps`, `buffer_nodes`).
+    setting: dict[str, float] = field(default_factory=dict)
 
     def row(self) -> dict[str, object]:
         """The benchmark row (BENCHMARKS.md `scaling` fields, plus extras)."""
@@ -96,6 +102,8 @@ class ReplayOutcome:
             "series": s.series,
             "lag_steps": self.lag,
             "policy": self.policy,
+            "knob": None,
+            **self.setting,
             "provisioning_ratio": float(self.paid.sum() / demand.sum()),
             "shortage_events": int((self.shortage > 0).sum()),
             "shortage_node_steps": float(self.shortage.sum()),
@@ -110,8 +118,13 @@ class ReplayOutcome:
         }
 
 
-def replay(series: ReplaySeries, policy: ReplayPolicy, lag: int) -> ReplayOutcome:
-    """Run `policy` over the series with boot lag `lag` steps."""
+def replay(
+    series: ReplaySeries,
+    policy: ReplayPolicy,
+    lag: int,
+    setting: dict[str, float] | None = None,
+) -> ReplayOutcome:
+    """Run `policy` over the series with boot lag `lag` steps; `setting` labels its row."""
     if lag < 0:
         raise ValueError("lag must be >= 0")
     began = time.perf_counter()
@@ -158,6 +171,7 @@ def replay(series: ReplaySeries, policy: ReplayPolicy, lag: int) -> ReplayOutcom
         shortage=shortage,
         actions=actions,
         seconds=time.perf_counter() - began,
+        setting=dict(setting or {}),
     )
 
 
@@ -185,6 +199,63 @@ class OraclePolicy:
 
     def target(self, t: int, ready: int, booting: int) -> int:
         return math.ceil(self.demand[t : t + self.lag + 1].max())
+
+
+@dataclass
+class PlannedTargets:
+    """A baseline whose every target is a function of the demand before its step, computed
+    ahead (`targets[t]` may read demand up to t-1 only)."""
+
+    name: str
+    targets: np.ndarray
+
+    def target(self, t: int, ready: int, booting: int) -> int:
+        return int(self.targets[t])
+
+
+def rolling_max_targets(demand: np.ndarray, window: int, buffer: int) -> np.ndarray:
+    """[t]: the maximum demand of steps t-window..t-1 plus `buffer` nodes (0 at t = 0)."""
+    if window < 1:
+        raise ValueError("window must be >= 1")
+    seen = pd.Series(demand, dtype=float).rolling(window, min_periods=1).max().shift(1)
+    return np.ceil(seen.fillna(0.0).to_numpy() - 1e-9) + buffer
+
+
+def spare_nodes(demand: np.ndarray, share: float) -> np.ndarray:
+    """ceil(share x demand) nodes per step (a `CapacityBuffer` with `percentage`), the
+    product's float residue (0.1 x 30 = 3.0000000000000004) not counted as a node."""
+    return np.ceil(share * demand - 1e-9)
+
+
+@dataclass
+class ReactiveRule:
+    """Cluster Autoscaler on demand in nodes, exactly as the planner's reactive mode sizes
+    one pool: scale up to the demand seen at t-1, and remove a node only once it has been
+    unneeded for `unneeded_steps` (the fleet never goes below the peak demand of that time,
+    counted from `warmup`, unless it already is below).
+
+    `wanted` is the demand it serves: the demand itself, or the demand padded with spare
+    nodes (`headroom`: + k; `headroom-percent`: + ceil(p x demand)) as overprovisioning
+    placeholders or a `CapacityBuffer` are pods Cluster Autoscaler sees beside the real ones.
+    """
+
+    name: str
+    wanted: np.ndarray
+    unneeded_steps: int
+    warmup: int
+    _keep: np.ndarray = field(init=False, repr=False)
+
+    def __post_init__(self) -> None:
+        # [t]: peak of wanted[t-u..t-1], only over steps the rule has seen (from warmup-1)
+        seen = np.array(self.wanted, dtype=float)  # a copy: the demand stays as it was
+        seen[: max(self.warmup - 1, 0)] = -np.inf
+        window = max(self.unneeded_steps, 1)
+        self._keep = pd.Series(seen).rolling(window, min_periods=1).max().shift(1).to_numpy()
+
+    def target(self, t: int, ready: int, booting: int) -> int:
+        seen = math.ceil(self.wanted[t - 1] - 1e-9)
+        keep = math.ceil(self._keep[t] - 1e-9)
+        return max(seen, min(ready + booting, keep))
 
 
 @dataclass

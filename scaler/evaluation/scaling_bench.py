@@ -1,5 +1,8 @@
-"""The `scaling` benchmark (BENCHMARKS.md): every trace series replayed through all five
-policies at each boot lag, side by side, on the same forecasts.
+"""The `scaling` benchmark (BENCHMARKS.md): every trace series replayed at each boot lag
+through `static`, `reactive`, `ces`, `oracle`, `predictive` (one row per knob) and the
+baselines teams run instead, each swept over its setting (`headroom`, `headroom-percent`,
+`rolling-max`, `ces` at multiples of its buffer), side by side on the same forecasts; each
+predictive point is then set against the cheapest baseline with no more shortage.
 
 Forecasts: the model is fitted on the training window minus its last `calibration_days`;
 those days then warm up every policy (the predictive planner learns its safety margin from
@@ -33,14 +36,18 @@ from scaler.cluster.pools import NodePool
 from scaler.evaluation.replay import (
     CesPolicy,
     OraclePolicy,
+    PlannedTargets,
     PlannerPolicyRun,
+    ReactiveRule,
     ReplayOutcome,
     ReplayPolicy,
     ReplaySeries,
     StaticPolicy,
     horizon_mean_weights,
     replay,
+    rolling_max_targets,
     rolling_outlook,
+    spare_nodes,
 )
 from scaler.planning.planner import PlannerPolicy
 
@@ -50,6 +57,14 @@ CES_FUTURE = 30
 CES_HORIZONS: tuple[int, ...] = (1, 2, 3, 4, 6, 9, 12, 18, 24, 30, 36, 42, 48, 54, 60)
 PHILLY_CES_BUFFER = 20
 CES_BUFFER_SHARE = 0.06
+# The swept baselines' settings (BENCHMARKS.md `scaling`).
+HEADROOM_NODES: tuple[int, ...] = (1, 2, 3, 4, 6, 8, 12, 16, 24, 32)
+HEADROOM_SHARES: tuple[float, ...] = (0.02, 0.05, 0.1, 0.2, 0.3, 0.5)
+ROLLING_WINDOWS: tuple[int, ...] = (3, 6, 12, 36)
+ROLLING_BUFFERS: tuple[int, ...] = (0, 2, 5, 10, 20)
+CES_MULTIPLES: tuple[float, ...] = (0.5, 1.0, 2.0, 4.0)
+# Rows that are no baseline to match: ours, and the physical limit.
+NOT_BASELINES = frozenset({"predictive", "oracle"})
 
 
 @dataclass(frozen=True)
@@ -59,6 +74,13 @@ class BenchSettings:
     calibration_days: float = 7.0
     policy: PlannerPolicy = field(default_factory=PlannerPolicy)
     step_minutes: int | None = None  # replay step; None: the protocol's (the model's) step
+    knobs: tuple[float, ...] = ()  # `predictive` rows' target_shortage; (): the policy's own
+
+    def planner_policies(self) -> list[PlannerPolicy]:
+        """One planner policy per `predictive` row."""
+        if not self.knobs:
+            return [self.policy]
+        return [self.policy.model_copy(update={"target_shortage": k}) for k in self.knobs]
 
 
 def units_per_node(trace: DemandTrace, gpus_per_node: int | None) -> int:
@@ -269,6 +291,21 @@ def planner_run(prepared: PreparedSeries, lag: int, policy: PlannerPolicy) -> Re
             prepared.outlook[:, : lag + 1, :],
         ),
         lag,
+        {"knob": policy.target_shortage},
+    )
+
+
+def unneeded_steps(step: pd.Timedelta) -> int:
+    """Cluster Autoscaler's 10-minute scale-down-unneeded-time, in replay steps."""
+    return max(1, math.ceil(600 / step.total_seconds()))
+
+
+def _ces(prepared: PreparedSeries, buffer: int) -> CesPolicy:
+    return CesPolicy(
+        prepared.series.demand,
+        future_mean=prepared.ces_future[0],
+        future_mean2=prepared.ces_future[1],
+        buffer=buffer,
     )
 
 
@@ -284,21 +321,47 @@ def baseline_runs(prepared: PreparedSeries, lag: int) -> list[ReplayOutcome]:
             PlannerPolicy(
                 mode="reactive",
                 step_seconds=step_seconds,
-                unneeded_steps=max(1, math.ceil(600 / step_seconds)),
+                unneeded_steps=unneeded_steps(prepared.step),
             ),
             trace_pool(prepared, lag),
             prepared.units,
             prepared.at,
         ),
-        CesPolicy(
-            s.demand,
-            future_mean=prepared.ces_future[0],
-            future_mean2=prepared.ces_future[1],
-            buffer=prepared.ces_buffer,
-        ),
+        _ces(prepared, prepared.ces_buffer),
         OraclePolicy(s.demand, lag),
     )
     return [static, *(replay(s, policy, lag) for policy in policies)]
+
+
+def sweep_runs(prepared: PreparedSeries, lag: int) -> list[ReplayOutcome]:
+    """What teams run instead of a forecast, one row per setting: `headroom` (reactive plus
+    k spare nodes), `headroom-percent` (plus ceil(p x demand)), `rolling-max` (peak of the
+    last W steps plus b) and `ces` at multiples of its buffer (knob: the buffer in nodes)."""
+    s = prepared.series
+    unneeded = unneeded_steps(prepared.step)
+
+    def reactive_on(name: str, wanted: np.ndarray, knob: float) -> ReplayOutcome:
+        return replay(s, ReactiveRule(name, wanted, unneeded, s.warmup), lag, {"knob": knob})
+
+    out = [reactive_on("headroom", s.demand + k, k) for k in HEADROOM_NODES]
+    out += [
+        reactive_on("headroom-percent", s.demand + spare_nodes(s.demand, p), p)
+        for p in HEADROOM_SHARES
+    ]
+    out += [
+        replay(
+            s,
+            PlannedTargets("rolling-max", rolling_max_targets(s.demand, w, b)),
+            lag,
+            {"knob": b, "window_steps": w, "buffer_nodes": b},
+        )
+        for w in ROLLING_WINDOWS
+        for b in ROLLING_BUFFERS
+    ]
+    for m in CES_MULTIPLES:
+        buffer = math.ceil(m * prepared.ces_buffer - 1e-9)
+        out.append(replay(s, _ces(prepared, buffer), lag, {"knob": buffer, "buffer_multiple": m}))
+    return out
 
 
 def bench_trace(
@@ -306,56 +369,112 @@ def bench_trace(
     make_forecaster: Callable[[], Forecaster],
     settings: BenchSettings,
 ) -> tuple[PreparedTrace, list[ReplayOutcome]]:
-    """Replay every series of one trace under every policy and lag."""
+    """Replay every series of one trace under every policy, setting and lag."""
     prepared = prepare_trace(trace, make_forecaster, settings)
     outcomes = []
     for item in prepared.series:
         for lag in settings.lags:
             outcomes += baseline_runs(item, lag)
-            outcomes.append(planner_run(item, lag, settings.policy))
+            outcomes += sweep_runs(item, lag)
+            outcomes += [planner_run(item, lag, p) for p in settings.planner_policies()]
     return prepared, outcomes
 
 
-def summarize(rows: Sequence[dict[str, object]]) -> list[dict[str, object]]:
-    """Per series and lag, how `predictive` stands against the baselines: shortage against
-    `reactive`, and the share of the provisioning distance between the best baseline and
-    `oracle` it closes. The best baseline is the cheapest one whose shortage is no more than
-    ours (a baseline that is cheaper only by leaving demand unserved is no bar to beat);
-    when every baseline lacks more than ours, the one that lacks least."""
+Row = dict[str, object]
+
+
+def lower_envelope(baselines: Sequence[Row]) -> list[Row]:
+    """The baselines' cost/shortage frontier: by shortage node-steps, each row cheaper than
+    every row with no more shortage (the cheapest baseline at each shortage level)."""
+    out: list[Row] = []
+    for row in sorted(baselines, key=lambda r: (r["shortage_node_steps"], r["provisioning_ratio"])):
+        if not out or row["provisioning_ratio"] < out[-1]["provisioning_ratio"]:
+            out.append(row)
+    return out
+
+
+def matched_baseline(envelope: Sequence[Row], shortage: float) -> Row | None:
+    """The cheapest baseline with no more than `shortage` node-steps short (None: none)."""
+    within = [r for r in envelope if r["shortage_node_steps"] <= shortage]
+    return within[-1] if within else None
+
+
+def row_label(row: Row) -> str:
+    """A row's policy and setting in a few characters (`rolling-max W12+5`, `headroom 4`)."""
+    if row.get("window_steps") is not None:
+        return f"{row['policy']} W{row['window_steps']}+{row['buffer_nodes']}"
+    knob = row.get("knob")
+    return str(row["policy"]) if knob is None else f"{row['policy']} {knob:g}"
+
+
+def summarize(rows: Sequence[Row]) -> list[Row]:
+    """Cost at matched shortage: per series and lag, each `predictive` point against its
+    matched baseline (the cheapest row of any baseline, `static` and `reactive` included,
+    `oracle` not, with no more shortage node-steps); saving = 1 - ours / matched. Also the
+    realised share of short steps, which the knob promises."""
+    groups: dict[tuple[object, object, object], list[Row]] = {}
+    for r in rows:
+        groups.setdefault((r["trace"], r["series"], r["lag_steps"]), []).append(r)
     out = []
-    keys = sorted({(r["trace"], r["series"], r["lag_steps"]) for r in rows})
-    for key in keys:
-        group = {r["policy"]: r for r in rows if (r["trace"], r["series"], r["lag_steps"]) == key}
-        if not {"predictive", "oracle", "reactive"} <= group.keys():
-            continue
-        ours, oracle = group["predictive"], group["oracle"]
-        baselines = [group[p] for p in ("static", "reactive", "ces") if p in group]
-        comparable = [
-            b for b in baselines if b["shortage_node_steps"] <= ours["shortage_node_steps"]
-        ]
-        best = (
-            min(comparable, key=lambda b: b["provisioning_ratio"])
-            if comparable
-            else min(baselines, key=lambda b: (b["shortage_node_steps"], b["provisioning_ratio"]))
-        )
-        distance = best["provisioning_ratio"] - oracle["provisioning_ratio"]
-        closed = (
-            (best["provisioning_ratio"] - ours["provisioning_ratio"]) / distance
-            if distance > 1e-12
-            else math.nan
-        )
+    for key in sorted(groups):
+        group = groups[key]
+        envelope = lower_envelope([r for r in group if r["policy"] not in NOT_BASELINES])
+        by_policy = {r["policy"]: r for r in group if r.get("knob") is None}
+        reactive, oracle = by_policy.get("reactive"), by_policy.get("oracle")
+        for ours in (r for r in group if r["policy"] == "predictive"):
+            match = matched_baseline(envelope, float(ours["shortage_node_steps"]))
+            out.append(
+                {
+                    "trace": key[0],
+                    "series": key[1],
+                    "lag_steps": key[2],
+                    "knob": ours["knob"],
+                    "predictive_ratio": ours["provisioning_ratio"],
+                    "predictive_events": ours["shortage_events"],
+                    "predictive_node_steps": ours["shortage_node_steps"],
+                    "steps": ours["steps"],
+                    "short_share": ours["shortage_events"] / ours["steps"],
+                    "matched": None if match is None else row_label(match),
+                    "matched_policy": None if match is None else match["policy"],
+                    "matched_knob": None if match is None else match.get("knob"),
+                    "matched_window_steps": None if match is None else match.get("window_steps"),
+                    "matched_ratio": None if match is None else match["provisioning_ratio"],
+                    "matched_events": None if match is None else match["shortage_events"],
+                    "matched_node_steps": None if match is None else match["shortage_node_steps"],
+                    "saving": None
+                    if match is None
+                    else 1 - ours["provisioning_ratio"] / match["provisioning_ratio"],
+                    "reactive_node_steps": None
+                    if reactive is None
+                    else reactive["shortage_node_steps"],
+                    "oracle_ratio": None if oracle is None else oracle["provisioning_ratio"],
+                }
+            )
+    return out
+
+
+def overview(summary: Sequence[Row]) -> list[Row]:
+    """Per trace, lag and knob, over its series: how many points a baseline matches, the
+    mean and worst saving over those, and the share of series whose realised share of
+    short steps lies in [knob / 2, 2 x knob] (what the knob promises)."""
+    groups: dict[tuple[str, int, float], list[Row]] = {}
+    for s in summary:
+        key = (str(s["trace"]), int(s["lag_steps"]), float(s["knob"]))
+        groups.setdefault(key, []).append(s)
+    out = []
+    for (trace, lag, knob), points in sorted(groups.items()):
+        savings = [float(p["saving"]) for p in points if p["saving"] is not None]
+        in_band = [knob / 2 <= float(p["short_share"]) <= 2 * knob for p in points]
         out.append(
             {
-                "trace": key[0],
-                "series": key[1],
-                "lag_steps": key[2],
-                "best_baseline": best["policy"],
-                "best_ratio": best["provisioning_ratio"],
-                "oracle_ratio": oracle["provisioning_ratio"],
-                "predictive_ratio": ours["provisioning_ratio"],
-                "gap_closed": closed,
-                "shortage_vs_reactive": ours["shortage_node_steps"]
-                - group["reactive"]["shortage_node_steps"],
+                "trace": trace,
+                "lag_steps": lag,
+                "knob": knob,
+                "series": len(points),
+                "matched": len(savings),
+                "mean_saving": float(np.mean(savings)) if savings else None,
+                "worst_saving": min(savings) if savings else None,
+                "share_in_band": float(np.mean(in_band)),
             }
         )
     return out

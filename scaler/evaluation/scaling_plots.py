@@ -1,6 +1,6 @@
 """Pictures of the scaler at work (PNG, matplotlib): fleet against demand with the shortage
-under it, the cost/shortage frontier of the service-level knob next to the baselines, and
-the job-level comparison. Each function writes one file and returns its path."""
+under it, the service-level knob's cost/shortage points against the swept baselines' lower
+envelope, and the job-level comparison. Each function writes one file and returns its path."""
 
 from __future__ import annotations
 
@@ -14,6 +14,7 @@ import pandas as pd
 from predictor.foundation.atomic_files import write_file
 from scaler.evaluation.job_simulator import WorkloadComparison
 from scaler.evaluation.replay import ReplayOutcome
+from scaler.evaluation.scaling_bench import NOT_BASELINES, lower_envelope
 
 COLORS = {
     "demand": "#222222",
@@ -22,6 +23,9 @@ COLORS = {
     "ces": "#ff7f0e",
     "oracle": "#2ca02c",
     "predictive": "#1f77b4",
+    "headroom": "#9467bd",
+    "headroom-percent": "#8c564b",
+    "rolling-max": "#e377c2",
 }
 
 
@@ -63,29 +67,53 @@ def fleet_plot(outcomes: Sequence[ReplayOutcome], path: Path) -> Path:
 def frontier_plot(
     knob: Mapping[float, ReplayOutcome], baselines: Sequence[ReplayOutcome], path: Path
 ) -> Path:
-    """Provisioning ratio against shortage node-steps: one point per setting of the
-    service-level knob (a line), the baselines as labelled points."""
+    """Provisioning ratio against shortage node-steps: every baseline row as a faint point
+    by family, their lower envelope (the cheapest baseline with no more shortage, a step
+    line), the oracle, and one point per setting of the service-level knob."""
     plt = _pyplot()
-    fig, ax = plt.subplots(figsize=(7, 5), layout="constrained")
+    fig, ax = plt.subplots(figsize=(8, 5.5), layout="constrained")
+    rows = [o.row() for o in baselines]
+    others = [r for r in rows if r["policy"] not in NOT_BASELINES]
     levels = sorted(knob)
-    xs = [knob[k].shortage.sum() for k in levels]
-    ys = [knob[k].row()["provisioning_ratio"] for k in levels]
-    ax.plot(xs, ys, "o-", color=COLORS["predictive"], label="predictive (target shortage)")
+    points = [knob[k].row() for k in levels]
+    xs = [float(r["shortage_node_steps"]) for r in points]
+    ys = [float(r["provisioning_ratio"]) for r in points]
+    right = max([*xs, *(float(r["shortage_node_steps"]) for r in others), 1.0]) * 1.5
+    for family in dict.fromkeys(r["policy"] for r in others):
+        mine = [r for r in others if r["policy"] == family]
+        ax.plot(
+            [r["shortage_node_steps"] for r in mine],
+            [r["provisioning_ratio"] for r in mine],
+            "o" if len(mine) > 1 else "s",
+            ms=4 if len(mine) > 1 else 6,
+            alpha=0.45 if len(mine) > 1 else 0.9,
+            color=COLORS.get(str(family)),
+            label=str(family),
+        )
+    envelope = lower_envelope(others)
+    if envelope:
+        ax.step(
+            [float(r["shortage_node_steps"]) for r in envelope] + [right],
+            [float(r["provisioning_ratio"]) for r in envelope]
+            + [float(envelope[-1]["provisioning_ratio"])],
+            where="post",
+            color="#222222",
+            lw=1.2,
+            label="cheapest baseline with no more shortage",
+        )
+    for r in rows:
+        if r["policy"] == "oracle":
+            ax.plot(r["shortage_node_steps"], r["provisioning_ratio"], "*", ms=11,
+                    color=COLORS["oracle"], label="oracle")  # fmt: skip
+    ax.plot(xs, ys, "D-", ms=6, color=COLORS["predictive"], label="predictive (target shortage)")
     for k, x, y in zip(levels, xs, ys, strict=True):
         ax.annotate(f"{k:g}", (x, y), textcoords="offset points", xytext=(4, 4), fontsize=8)
-    for out in baselines:
-        row = out.row()
-        ax.plot(
-            row["shortage_node_steps"], row["provisioning_ratio"], "s", color=COLORS.get(out.policy)
-        )
-        ax.annotate(
-            out.policy,
-            (row["shortage_node_steps"], row["provisioning_ratio"]),
-            textcoords="offset points",
-            xytext=(4, -10),
-            fontsize=9,
-        )
     ax.set_xscale("symlog", linthresh=10)
+    ax.set_xlim(left=0, right=right)
+    # The widest settings (32 spare nodes on a small VC) would flatten what matters: show up
+    # to the dearest point that is ours or on the envelope.
+    top = max([*ys, *(float(r["provisioning_ratio"]) for r in envelope), 1.0])
+    ax.set_ylim(bottom=min([*ys, 1.0]) - 0.02, top=1 + (top - 1) * 1.1 + 0.02)
     ax.set_xlabel("shortage (node-steps)")
     ax.set_ylabel("provisioning ratio (paid / demand)")
     first = baselines[0] if baselines else next(iter(knob.values()))
