@@ -246,7 +246,7 @@ def _print_rows(
     if overall:
         totals = Table(title="per trace, lag and knob, over its series")
         columns = ("trace", "L", "knob", "series", "matched", "mean saving", "worst")
-        for column in (*columns, "share in [knob/2, 2 knob]"):
+        for column in (*columns, "short share in knob/2..2 knob"):
             totals.add_column(column, justify="left" if column == "trace" else "right")
         for o in overall:
             mean, worst = o["mean_saving"], o["worst_saving"]
