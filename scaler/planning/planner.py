@@ -26,7 +26,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field
 from datetime import datetime, time
 from typing import Literal
 
@@ -180,6 +180,19 @@ class GroupMemory:
     hold_level: float = 0.0
     hold_until: int = -1
 
+    def with_recent(self, recent: tuple[float, ...]) -> GroupMemory:
+        """This memory with other recent observations (`dataclasses.replace` costs several
+        times more, and the reactive planner calls this every minute per group)."""
+        return GroupMemory(
+            recent,
+            self.issued,
+            self.margins,
+            self.last_keep,
+            self.last_upper,
+            self.hold_level,
+            self.hold_until,
+        )
+
 
 @dataclass(frozen=True, slots=True)
 class PlannerMemory:
@@ -267,14 +280,14 @@ def plan(
     memory = memory or PlannerMemory()
     step = memory.step
     current = fleet.by_pool()
-    lead = {p.name: p.boot_steps(policy.step_seconds) for p in pools}
+    routing = _Routing.of(outlooks, pools)
     group_memory = dict(memory.groups)
     needs: list[GroupNeed] = []
     if policy.mode != "static":
-        for outlook in outlooks:
-            old = group_memory.get(outlook.group, GroupMemory())
-            allowed = [p for p in pools if _serves(p, outlook)]
-            group_lead = max((lead[p.name] for p in allowed), default=0)
+        lead = {p.name: p.boot_steps(policy.step_seconds) for p in pools}
+        for outlook, allowed in zip(outlooks, routing.pools, strict=True):
+            old = group_memory.get(outlook.group) or GroupMemory()
+            group_lead = max((lead[name] for name in allowed), default=0)
             need, group_memory[outlook.group] = _group_need(outlook, old, policy, group_lead, step)
             needs.append(need)
 
@@ -289,7 +302,7 @@ def plan(
         last_up = dict(memory.last_scale_up)
     else:
         desired, decisions, surplus_since, last_up = _size_pools(
-            needs, outlooks, pools, current, policy, memory, backoff, step
+            needs, outlooks, pools, routing, current, policy, memory, backoff, step
         )
     new_memory = PlannerMemory(
         step=step + 1,
@@ -332,7 +345,7 @@ def _group_need(
             reason=f"reactive: demand seen {observed:g}, peak over unneeded time {keep:g}",
             inputs={"observed": observed, "unneeded_peak": keep},
         )
-        return need, replace(old, recent=recent)
+        return need, old.with_recent(recent)
 
     rows = min(lead + 1, outlook.values.shape[0])
     if rows == 0:
@@ -417,26 +430,39 @@ def _unit_cost(pool: NodePool, objective: Objective) -> float:
     return pool.watts_per_gpu() if objective == "energy" else pool.price_per_gpu_hour()
 
 
-def _unmet(
-    counts: Mapping[str, int],
-    needs: Sequence[float],
-    outlooks: Sequence[DemandOutlook],
-    pools: Sequence[NodePool],
-) -> list[float]:
+@dataclass(frozen=True, slots=True)
+class _Routing:
+    """Which pools may serve each demand group, worked out once per `plan` call (every
+    `_unmet` of the call asks the same): groups in the order they are served (tightest
+    first, fewest pools allowed), each group's pools least contested first, and the
+    groups each pool serves."""
+
+    order: tuple[int, ...]
+    pools: tuple[tuple[str, ...], ...]  # per group, in serving order
+    gpus: tuple[tuple[str, int], ...]  # every pool's GPUs per node
+    served: Mapping[str, tuple[int, ...]]  # pool -> the groups it may serve
+
+    @classmethod
+    def of(cls, outlooks: Sequence[DemandOutlook], pools: Sequence[NodePool]) -> _Routing:
+        allowed = [[p.name for p in pools if _serves(p, o)] for o in outlooks]
+        contest = {p.name: sum(p.name in a for a in allowed) for p in pools}
+        return cls(
+            order=tuple(sorted(range(len(outlooks)), key=lambda i: len(allowed[i]))),
+            pools=tuple(tuple(sorted(a, key=contest.__getitem__)) for a in allowed),
+            gpus=tuple((p.name, p.gpus_per_node) for p in pools),
+            served={p.name: tuple(g for g, a in enumerate(allowed) if p.name in a) for p in pools},
+        )
+
+
+def _unmet(counts: Mapping[str, int], needs: Sequence[float], routing: _Routing) -> list[float]:
     """GPUs each group lacks when the pools have `counts` nodes. Groups are served tightest
     first (fewest pools allowed), each from the least contested pools first: exact when
     allowed sets nest (any model vs one model), a close greedy otherwise."""
-    if len(outlooks) == 1 and len(pools) == 1:  # the common case, and the replay's
-        (pool,) = pools
-        free = counts.get(pool.name, 0) * pool.gpus_per_node if _serves(pool, outlooks[0]) else 0
-        return [max(needs[0] - free, 0.0)]
-    free = {p.name: counts.get(p.name, 0) * p.gpus_per_node for p in pools}
-    allowed = [[p.name for p in pools if _serves(p, o)] for o in outlooks]
-    contest = {p.name: sum(p.name in a for a in allowed) for p in pools}
-    lack = [0.0] * len(outlooks)
-    for g in sorted(range(len(outlooks)), key=lambda i: len(allowed[i])):
+    free = {name: counts.get(name, 0) * gpus for name, gpus in routing.gpus}
+    lack = [0.0] * len(needs)
+    for g in routing.order:
         want = needs[g]
-        for name in sorted(allowed[g], key=contest.__getitem__):
+        for name in routing.pools[g]:
             take = min(want, free[name])
             free[name] -= take
             want -= take
@@ -450,20 +476,21 @@ def _size_pools(
     needs: Sequence[GroupNeed],
     outlooks: Sequence[DemandOutlook],
     pools: Sequence[NodePool],
+    routing: _Routing,
     current: Mapping[str, PoolFleet],
     policy: PlannerPolicy,
     memory: PlannerMemory,
     backoff: Mapping[str, int],
     step: int,
 ) -> tuple[dict[str, int], list[PoolDecision], dict[str, int], dict[str, int]]:
-    fleets = {p.name: current.get(p.name, PoolFleet(p.name, 0)) for p in pools}
+    fleets = {p.name: current.get(p.name) or PoolFleet(p.name, 0) for p in pools}
     desired = {p.name: max(fleets[p.name].total, p.min_size) for p in pools}
     notes: dict[str, list[str]] = {p.name: [] for p in pools}
     add_to = [n.add_to for n in needs]
     keep = [n.keep for n in needs]
 
     # Scale up: cover every group's need at the lead time with the cheapest nodes.
-    lack = _unmet(desired, add_to, outlooks, pools)
+    lack = _unmet(desired, add_to, routing)
     for g in sorted(range(len(needs)), key=lambda i: -lack[i]):
         while lack[g] > 1e-9:
             choice = _cheapest(pools, outlooks[g], desired, lack[g], policy, backoff, step)
@@ -477,7 +504,7 @@ def _size_pools(
                 break
             pool, nodes = choice
             desired[pool.name] += nodes
-            lack = _unmet(desired, add_to, outlooks, pools)
+            lack = _unmet(desired, add_to, routing)
 
     # Scale down: drop what no group needs before a replacement could arrive, most
     # expensive first, only idle/drainable or booting nodes, after the hysteresis.
@@ -489,7 +516,7 @@ def _size_pools(
             surplus_since.pop(name, None)
             continue
         limit = min(fleets[name].can_remove, desired[name] - pool.min_size)
-        removable = _max_removable(name, limit, desired, keep, outlooks, pools)
+        removable = _max_removable(name, limit, desired, keep, routing)
         if removable < policy.min_scale_down_nodes:
             surplus_since.pop(name, None)
             continue
@@ -513,11 +540,7 @@ def _size_pools(
         fleet = fleets[name]
         # Only the needs this pool may serve, each named: with one group per pool, every
         # pool's reason listed every group's bound without saying whose it was.
-        served = [
-            f"{n.group}: {n.reason}"
-            for n, o in zip(needs, outlooks, strict=True)
-            if _serves(pool, o)
-        ]
+        served = [f"{needs[g].group}: {needs[g].reason}" for g in routing.served[name]]
         need_text = "; ".join(served) or "no demand group may use this pool"
         delta = desired[name] - fleet.total
         if delta > 0:
@@ -602,8 +625,7 @@ def _max_removable(
     limit: int,
     desired: Mapping[str, int],
     keep: Sequence[float],
-    outlooks: Sequence[DemandOutlook],
-    pools: Sequence[NodePool],
+    routing: _Routing,
 ) -> int:
     """The most nodes of pool `name` (at most `limit`) whose removal leaves every group's
     `keep` covered (coverage is monotone in the count, so bisect)."""
@@ -613,7 +635,7 @@ def _max_removable(
 
     def fits(r: int) -> bool:
         counts[name] = desired[name] - r
-        return all(x <= 1e-9 for x in _unmet(counts, keep, outlooks, pools))
+        return all(x <= 1e-9 for x in _unmet(counts, keep, routing))
 
     if not fits(0):
         return 0
