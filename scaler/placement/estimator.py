@@ -130,7 +130,14 @@ def estimate_scale_up(
             continue
         candidates = _pools_for(unit, by_price, templates)
         # Nodes opened so far (booting ones included) first, in any pool; then new ones.
-        chosen = next((p for p in candidates if _fits(templates[p], unit, policy)), None)
+        chosen = next(
+            (
+                p
+                for p in candidates
+                if _room_for(templates[p], unit) and _fits(templates[p], unit, policy)
+            ),
+            None,
+        )
         if chosen is None:
             chosen = next(
                 (p for p in candidates if _open_until_fit(templates[p], opened, p, unit, policy)),
@@ -182,16 +189,29 @@ def _open_until_fit(
     policy: Policy,
 ) -> bool:
     """Open cordoned template nodes one at a time until `unit` fits; if it never does,
-    close them again (a unit that fits nowhere must not leave empty nodes counted)."""
+    close them again (a unit that fits nowhere must not leave empty nodes counted). No
+    placement is tried while the open nodes lack the unit's resources in all: a gang of k
+    whole nodes is placed once, not k times."""
     before = opened[pool]
     while opened[pool] < template.size:
         template.set_cordoned([opened[pool]], False)
         opened[pool] += 1
-        if _fits(template, unit, policy):
+        if _room_for(template, unit) and _fits(template, unit, policy):
             return True
     template.set_cordoned(range(before, opened[pool]))
     opened[pool] = before
     return False
+
+
+def _room_for(template: ClusterState, unit: tuple[Job, ...]) -> bool:
+    """Whether the open nodes of `template` have, in all, the GPU share, CPU and memory
+    `unit` asks: short of that no placement can succeed, so none need be tried."""
+    open_nodes = ~template.cordoned
+    return (
+        int(template.gpu_free[open_nodes].sum()) >= sum(j.gpu_request_milli for j in unit)
+        and int(template.cpu_free[open_nodes].sum()) >= sum(j.cpu_milli for j in unit)
+        and int(template.mem_free[open_nodes].sum()) >= sum(j.memory_mib for j in unit)
+    )
 
 
 def _why_not(
