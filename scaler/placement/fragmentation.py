@@ -29,22 +29,28 @@ from scaler.placement.mix import WorkloadMix
 
 @dataclass
 class NodeFragments:
-    """Cached per-node inputs and result of the fragmentation measure."""
+    """Cached per-node inputs and result of the fragmentation measure, by shape group g:
+    `cnt[n, g]` GPUs whose free share reaches g's share, `low[n, g]` the free shares below
+    it. A copy shares the arrays until either side refreshes a node (copy on write):
+    what-if copies of a state (gangs, preemption, scale-down checks) mostly read them."""
 
     version: np.ndarray
     cnt: np.ndarray
     low: np.ndarray
     total: np.ndarray
     frag: np.ndarray
+    shared: bool = False
 
     def copy(self) -> NodeFragments:
-        return NodeFragments(
-            self.version.copy(),
-            self.cnt.copy(),
-            self.low.copy(),
-            self.total.copy(),
-            self.frag.copy(),
-        )
+        self.shared = True
+        return NodeFragments(self.version, self.cnt, self.low, self.total, self.frag, True)
+
+    def own(self) -> None:
+        """Take private arrays before writing, if they are shared with a copy."""
+        if self.shared:
+            self.version, self.cnt, self.low = self.version.copy(), self.cnt.copy(), self.low.copy()
+            self.total, self.frag = self.total.copy(), self.frag.copy()
+            self.shared = False
 
 
 @dataclass(frozen=True)
@@ -77,6 +83,7 @@ class FragmentationModel:
             groups.setdefault((j, s.num_gpu, s.gpu_models), []).append((s.cpu_milli, p))
         keys = sorted(groups)
         self.group_share = np.array([k[0] for k in keys], dtype=np.int64)
+        self.group_milli = self.shares[self.group_share]  # each group's GPU share
         self.group_count = np.array([k[1] for k in keys], dtype=np.int64)
         self.group_models = [frozenset(k[2]) for k in keys]
         # fit_pop[L, g]: popularity of group g's shapes whose CPU <= the L-th CPU level,
@@ -88,6 +95,7 @@ class FragmentationModel:
                 fit_pop[level:, g] += p
         self.fit_pop = fit_pop
         self._access: dict[tuple[str, ...], np.ndarray] = {}
+        self._weights: dict[tuple[str, ...], np.ndarray] = {}
         self._cache_key = ("fragments", id(self))
 
     # ------------------------------------------------------------------ evaluation
@@ -103,10 +111,19 @@ class FragmentationModel:
             self._access[key] = table
         return self._access[key]
 
+    def weights(self, models: list[str]) -> np.ndarray:
+        """weights[m, L, g]: `fit_pop[L, g]` where group g may run on model m, else 0."""
+        key = tuple(models)
+        table = self._weights.get(key)
+        if table is None:
+            table = self.fit_pop[None, :, :] * self.access(models)[:, None, :]
+            self._weights[key] = table
+        return table
+
     def counts(self, gpu_free: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-        """cnt[r, j], low[r, j] and total[r] for rows of free GPU shares."""
+        """cnt[r, g], low[r, g] and total[r] for rows of free GPU shares."""
         free = gpu_free[:, :, None]
-        below = free < self.shares[None, None, :]
+        below = free < self.group_milli[None, None, :]
         cnt = (~below).sum(axis=1)
         low = np.where(below, free, 0).sum(axis=1)
         return cnt, low, gpu_free.sum(axis=1)
@@ -118,13 +135,13 @@ class FragmentationModel:
         cnt: np.ndarray,
         low: np.ndarray,
         total: np.ndarray,
-        access: np.ndarray,
+        weights: np.ndarray,
     ) -> np.ndarray:
         """Expected fragmented GPU share (thousandths) of each row's node state."""
         level = np.searchsorted(self.cpu_levels, cpu_free, side="right")
-        weight = self.fit_pop[level] * access[model_id]
-        weight *= cnt[:, self.group_share] >= self.group_count
-        usable = total[:, None] - low[:, self.group_share]
+        weight = weights[model_id, level]
+        weight *= cnt >= self.group_count
+        usable = total[:, None] - low
         return total - np.einsum("ij,ij->i", weight, usable)
 
     def node_fragments(self, state: ClusterState) -> NodeFragments:
@@ -138,24 +155,25 @@ class FragmentationModel:
                 cnt=cnt,
                 low=low,
                 total=total,
-                frag=np.zeros(state.size),
+                frag=self.evaluate(
+                    state.cpu_free, state.model_id, cnt, low, total, self.weights(state.models)
+                ),
             )
-            stale = np.arange(state.size)
             state.derived[key] = cache
-        else:
-            stale = np.flatnonzero(cache.version != state.version)
-            if stale.size:
-                cnt, low, total = self.counts(state.gpu_free[stale])
-                cache.cnt[stale], cache.low[stale], cache.total[stale] = cnt, low, total
-                cache.version[stale] = state.version[stale]
+            return cache
+        stale = np.flatnonzero(cache.version != state.version)
         if stale.size:
+            cache.own()
+            cnt, low, total = self.counts(state.gpu_free[stale])
+            cache.cnt[stale], cache.low[stale], cache.total[stale] = cnt, low, total
+            cache.version[stale] = state.version[stale]
             cache.frag[stale] = self.evaluate(
                 state.cpu_free[stale],
                 state.model_id[stale],
-                cache.cnt[stale],
-                cache.low[stale],
-                cache.total[stale],
-                self.access(state.models),
+                cnt,
+                low,
+                total,
+                self.weights(state.models),
             )
         return cache
 
@@ -166,7 +184,7 @@ class FragmentationModel:
         if job.is_sharing:
             node, gpu = sharing_slots(state, job, nodes)
             free = state.gpu_free[node, gpu][:, None]
-            share = self.shares[None, :]
+            share = self.group_milli[None, :]
             d = job.gpu_milli
             was_low = free < share
             becomes_low = ~was_low & (free - d < share)
@@ -186,7 +204,7 @@ class FragmentationModel:
             cnt,
             low,
             total,
-            self.access(state.models),
+            self.weights(state.models),
         )
         return Candidates(node, gpu, cache.frag[node], after, total)
 

@@ -30,18 +30,34 @@ Choice = tuple[int, tuple[int, ...]]
 NodeScorer = Callable[[ClusterState, Job, np.ndarray], tuple[np.ndarray, np.ndarray]]
 # Memoised job shapes per state before the memo is reset (a service sees unbounded shapes).
 MAX_CACHED_SHAPES = 1024
+# Tie-break orders kept per cluster size before they are dropped (each is cheap to redo).
+MAX_CACHED_SIZES = 64
 
 
 @dataclass
 class NodeScores:
-    """A policy's per-node score (and GPU) for one job shape, valid at `version`."""
+    """A policy's per-node score (and GPU) for one job shape, valid at `version`. A copy
+    shares the arrays until either side scores a node again (copy on write): a what-if
+    copy of a state carries every cached shape, and uses few of them."""
 
     version: np.ndarray
     score: np.ndarray
     gpu: np.ndarray
+    shared: bool = False
 
     def copy(self) -> NodeScores:
-        return NodeScores(self.version.copy(), self.score.copy(), self.gpu.copy())
+        self.shared = True
+        return NodeScores(self.version, self.score, self.gpu, True)
+
+    def own(self) -> None:
+        """Take private arrays before writing, if they are shared with a copy."""
+        if self.shared:
+            self.version, self.score, self.gpu = (
+                self.version.copy(),
+                self.score.copy(),
+                self.gpu.copy(),
+            )
+            self.shared = False
 
 
 class Policy(ABC):
@@ -51,7 +67,9 @@ class Policy(ABC):
 
     def __init__(self, seed: int = 0) -> None:
         self.seed = seed
-        self._order: np.ndarray | None = None
+        # By cluster size: one policy places on states of several sizes in turn (the job
+        # simulator's cluster, the estimator's pool templates).
+        self._orders: dict[int, np.ndarray] = {}
 
     @abstractmethod
     def choose(self, state: ClusterState, job: Job, nodes: np.ndarray) -> Choice:
@@ -77,21 +95,30 @@ class Policy(ABC):
         if entry is None:
             if len(state.derived) >= MAX_CACHED_SHAPES:
                 state.derived.clear()
-            entry = NodeScores(
-                np.full(state.size, -1), np.zeros(state.size), np.full(state.size, -1)
-            )
+            # A shape new to this state (the common case: shapes vary more than nodes)
+            # is scored on `nodes` and answered without reading the memo back.
+            score, gpu = scorer(state, job, nodes)
+            size = state.size
+            entry = NodeScores(np.full(size, -1), np.zeros(size), np.full(size, -1))
+            entry.score[nodes], entry.gpu[nodes] = score, gpu
+            entry.version[nodes] = state.version[nodes]
             state.derived[key] = entry
+            return np.asarray(score, dtype=entry.score.dtype), np.asarray(gpu, entry.gpu.dtype)
         stale = nodes[entry.version[nodes] != state.version[nodes]]
         if stale.size:
+            entry.own()
             entry.score[stale], entry.gpu[stale] = scorer(state, job, stale)
             entry.version[stale] = state.version[stale]
         return entry.score[nodes], entry.gpu[nodes]
 
     def rank(self, size: int) -> np.ndarray:
         """rank[n]: position of node n in this policy's seeded tie-break order."""
-        if self._order is None or self._order.size != size:
-            self._order = np.random.default_rng(self.seed).permutation(size)
-        return self._order
+        order = self._orders.get(size)
+        if order is None:
+            if len(self._orders) >= MAX_CACHED_SIZES:
+                self._orders.clear()
+            order = self._orders[size] = np.random.default_rng(self.seed).permutation(size)
+        return order
 
     def pick_best(self, state: ClusterState, nodes: np.ndarray, scores: np.ndarray) -> int:
         """The node with the highest score; ties go to the first in the seeded order."""

@@ -86,14 +86,14 @@ class GpuScale(Policy):
 
     def stranding(
         self,
-        model_id: np.ndarray,
+        cpu_per_gpu: np.ndarray,
+        mem_per_gpu: np.ndarray,
         cpu_free: np.ndarray,
         mem_free: np.ndarray,
         gpu_free: np.ndarray,
-        needs: tuple[np.ndarray, np.ndarray],
     ) -> np.ndarray:
-        cpu_per_gpu, mem_per_gpu = needs
-        fed = np.minimum(cpu_free / cpu_per_gpu[model_id], mem_free / mem_per_gpu[model_id])
+        """GPU share (thousandths) that the free CPU or memory cannot feed, per row."""
+        fed = np.minimum(cpu_free / cpu_per_gpu, mem_free / mem_per_gpu)
         return np.maximum(0.0, gpu_free - fed * WHOLE_GPU_MILLI)
 
     def _score_nodes(
@@ -101,21 +101,25 @@ class GpuScale(Policy):
     ) -> tuple[np.ndarray, np.ndarray]:
         found = self.model.candidates(state, job, nodes)
         node = found.node
-        model, cpu, mem = state.model_id[node], state.cpu_free[node], state.mem_free[node]
-        needs = self.needs(state.models)
-        before = self.stranding(model, cpu, mem, found.total_after + job.gpu_request_milli, needs)
+        cpu_needs, mem_needs = self.needs(state.models)
+        model = state.model_id[node]
+        cpu_per_gpu, mem_per_gpu = cpu_needs[model], mem_needs[model]
+        cpu, mem = state.cpu_free[node], state.mem_free[node]
+        before = self.stranding(
+            cpu_per_gpu, mem_per_gpu, cpu, mem, found.total_after + job.gpu_request_milli
+        )
         after = self.stranding(
-            model, cpu - job.cpu_milli, mem - job.memory_mib, found.total_after, needs
+            cpu_per_gpu, mem_per_gpu, cpu - job.cpu_milli, mem - job.memory_mib, found.total_after
         )
         score = found.delta + (after - before)
         if not job.is_sharing:
             return score, found.gpu
         # A node's candidates are contiguous and by GPU index: keep its lowest score and,
-        # among equal scores, its lowest GPU.
+        # among equal scores, its lowest GPU (the first winner of each node's run).
         starts = np.flatnonzero(np.r_[True, node[1:] != node[:-1]])
         segment = np.repeat(np.arange(starts.size), np.diff(np.r_[starts, node.size]))
         lowest = np.minimum.reduceat(score, starts)
         winners = np.flatnonzero(score <= lowest[segment])
-        _, first = np.unique(segment[winners], return_index=True)
-        chosen = winners[first]
+        won = segment[winners]
+        chosen = winners[np.r_[True, won[1:] != won[:-1]]]
         return score[chosen], found.gpu[chosen]
