@@ -24,6 +24,7 @@ the way, so the planner never launches twice for one need.
 
 from __future__ import annotations
 
+import functools
 import math
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
@@ -280,11 +281,14 @@ def plan(
     memory = memory or PlannerMemory()
     step = memory.step
     current = fleet.by_pool()
-    routing = _Routing.of(outlooks, pools)
+    routing = _routing(
+        tuple(o.gpu_models for o in outlooks),
+        tuple((p.name, p.gpu_model, p.gpus_per_node) for p in pools),
+    )
+    lead = {p.name: p.boot_steps(policy.step_seconds) for p in pools}
     group_memory = dict(memory.groups)
     needs: list[GroupNeed] = []
     if policy.mode != "static":
-        lead = {p.name: p.boot_steps(policy.step_seconds) for p in pools}
         for outlook, allowed in zip(outlooks, routing.pools, strict=True):
             old = group_memory.get(outlook.group) or GroupMemory()
             group_lead = max((lead[name] for name in allowed), default=0)
@@ -302,7 +306,7 @@ def plan(
         last_up = dict(memory.last_scale_up)
     else:
         desired, decisions, surplus_since, last_up = _size_pools(
-            needs, outlooks, pools, routing, current, policy, memory, backoff, step
+            needs, outlooks, pools, routing, lead, current, policy, memory, backoff, step
         )
     new_memory = PlannerMemory(
         step=step + 1,
@@ -432,26 +436,35 @@ def _unit_cost(pool: NodePool, objective: Objective) -> float:
 
 @dataclass(frozen=True, slots=True)
 class _Routing:
-    """Which pools may serve each demand group, worked out once per `plan` call (every
-    `_unmet` of the call asks the same): groups in the order they are served (tightest
-    first, fewest pools allowed), each group's pools least contested first, and the
-    groups each pool serves."""
+    """Which pools may serve each demand group: groups in the order they are served
+    (tightest first, fewest pools allowed), each group's pools least contested first, and
+    the groups each pool serves."""
 
     order: tuple[int, ...]
     pools: tuple[tuple[str, ...], ...]  # per group, in serving order
     gpus: tuple[tuple[str, int], ...]  # every pool's GPUs per node
     served: Mapping[str, tuple[int, ...]]  # pool -> the groups it may serve
 
-    @classmethod
-    def of(cls, outlooks: Sequence[DemandOutlook], pools: Sequence[NodePool]) -> _Routing:
-        allowed = [[p.name for p in pools if _serves(p, o)] for o in outlooks]
-        contest = {p.name: sum(p.name in a for a in allowed) for p in pools}
-        return cls(
-            order=tuple(sorted(range(len(outlooks)), key=lambda i: len(allowed[i]))),
-            pools=tuple(tuple(sorted(a, key=contest.__getitem__)) for a in allowed),
-            gpus=tuple((p.name, p.gpus_per_node) for p in pools),
-            served={p.name: tuple(g for g, a in enumerate(allowed) if p.name in a) for p in pools},
-        )
+
+# Every `_unmet` of a call, and every call of a loop (the same groups and pools each
+# minute), asks the same question: it is answered once.
+@functools.lru_cache(maxsize=64)
+def _routing(
+    group_models: tuple[frozenset[str] | None, ...], pools: tuple[tuple[str, str, int], ...]
+) -> _Routing:
+    """`_Routing` of groups allowed `group_models` (None: any) onto pools given as (name,
+    GPU model, GPUs per node)."""
+    allowed = [
+        [name for name, model, _ in pools if models is None or model in models]
+        for models in group_models
+    ]
+    contest = {name: sum(name in a for a in allowed) for name, _, _ in pools}
+    return _Routing(
+        order=tuple(sorted(range(len(allowed)), key=lambda i: len(allowed[i]))),
+        pools=tuple(tuple(sorted(a, key=contest.__getitem__)) for a in allowed),
+        gpus=tuple((name, gpus) for name, _, gpus in pools),
+        served={name: tuple(g for g, a in enumerate(allowed) if name in a) for name, _, _ in pools},
+    )
 
 
 def _unmet(counts: Mapping[str, int], needs: Sequence[float], routing: _Routing) -> list[float]:
@@ -477,6 +490,7 @@ def _size_pools(
     outlooks: Sequence[DemandOutlook],
     pools: Sequence[NodePool],
     routing: _Routing,
+    lead: Mapping[str, int],
     current: Mapping[str, PoolFleet],
     policy: PlannerPolicy,
     memory: PlannerMemory,
@@ -574,7 +588,7 @@ def _size_pools(
                     "booting": fleet.booting,
                     "removable": fleet.can_remove,
                     "lost": fleet.lost,
-                    "lead_steps": pool.boot_steps(policy.step_seconds),
+                    "lead_steps": lead[name],
                     "max_size": pool.max_size,
                 },
             )
