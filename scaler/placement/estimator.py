@@ -12,6 +12,7 @@ reactive floor.
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 
@@ -117,11 +118,9 @@ def estimate_scale_up(
         slots = booting.get(pool.name, 0) + min(room, len(pending))
         if slots == 0:
             continue
-        specs = [template_node(pool, f"{pool.name}/new-{i}", pool_label) for i in range(slots)]
-        template = ClusterState.from_nodes(specs)
-        # Nodes beyond the booting ones stay cordoned until a job needs one opened.
-        template.set_cordoned(range(booting.get(pool.name, 0), slots))
-        templates[pool.name] = template
+        templates[pool.name] = _empty_template(
+            pool, slots, booting.get(pool.name, 0), pool_label
+        ).copy()
         opened[pool.name] = booting.get(pool.name, 0)
 
     for unit in units(pending):
@@ -159,6 +158,17 @@ def estimate_scale_up(
     }
     existing = sorted({scratch.names[scratch.jobs[j].node] for j in on_existing}) if scratch else []
     return ScaleUpEstimate(estimates, tuple(on_existing), tuple(existing), unplaceable)
+
+
+# A loop estimates again and again with the same pools and nearly the same sizes.
+@functools.lru_cache(maxsize=256)
+def _empty_template(pool: NodePool, slots: int, booting: int, pool_label: str) -> ClusterState:
+    """`slots` empty nodes of `pool`, those past the first `booting` cordoned until a job
+    needs one opened. Shared: callers change only a copy."""
+    specs = [template_node(pool, f"{pool.name}/new-{i}", pool_label) for i in range(slots)]
+    template = ClusterState.from_nodes(specs)
+    template.set_cordoned(range(booting, slots))
+    return template
 
 
 def _pools_for(
