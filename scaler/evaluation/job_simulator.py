@@ -91,6 +91,7 @@ PLACEHOLDER_PRIORITY = -1
 JobMode = Literal["reactive", "predictive"]
 Groups = dict[str, SimulatedNodeGroup]
 DemandKey = tuple[tuple[int, ...], int, int]  # the queue's tasks, booting, target size
+ShapeKey = tuple[tuple[tuple[object, ...], ...], int, int]  # the queue's task shapes, ...
 
 
 @dataclass(slots=True)
@@ -619,6 +620,7 @@ def simulate_jobs(
     grown = {p.name: True for p in pools}  # room grew since the last pass: retry all
     fresh = {p.name: False for p in pools}  # tasks joined the queue since the last pass
     demand_memo: dict[str, tuple[DemandKey, int]] = {}
+    shape_memo: dict[tuple[str, ShapeKey], int] = {}  # see observe
     estimate = ScaleUpEstimate(pools={})
     running: list[tuple[int, int, int, _Task]] = []
     order = itertools.count()
@@ -658,7 +660,11 @@ def simulate_jobs(
         pending job each ready node (and what preemption frees), so none fits there: the
         estimate is made without the ready nodes (no copy of the cluster, no attempts
         bound to fail) and depends on the queue and the booting and target sizes only, so
-        it is reused while those stay. Pools estimated again share one call."""
+        it is reused while those stay. Pools estimated again share one call.
+
+        A GPU job asks its pool's GPU model, so while every job to estimate asks GPUs, a
+        pool's new nodes depend on the shapes in its own queue (and its booting and target
+        sizes) alone: an estimate made so before for the same shapes is reused too."""
         nonlocal estimate
         nodes: dict[str, int] = {}
         stale: list[tuple[NodePool, DemandKey]] = []
@@ -675,6 +681,16 @@ def simulate_jobs(
                 nodes[name] = cluster.busy(name) + memo[1]
             else:
                 stale.append((pool, key))
+        alone = all(t.head.num_gpu for pool, _ in stale for t in pending[pool.name])
+        shapes: dict[str, ShapeKey] = {}
+        if alone:
+            for pool, key in stale:
+                shapes[pool.name] = (tuple(t.shape for t in pending[pool.name]), key[1], key[2])
+                known = shape_memo.get((pool.name, shapes[pool.name]))
+                if known is not None:
+                    demand_memo[pool.name] = (key, known)
+                    nodes[pool.name] = cluster.busy(pool.name) + known
+            stale = [(pool, key) for pool, key in stale if pool.name not in nodes]
         if stale:
             demand = reactive_demand(
                 None,
@@ -688,6 +704,8 @@ def simulate_jobs(
             for pool, key in stale:
                 demand_memo[pool.name] = (key, demand.nodes[pool.name])
                 nodes[pool.name] = cluster.busy(pool.name) + demand.nodes[pool.name]
+                if alone:
+                    shape_memo[(pool.name, shapes[pool.name])] = demand.nodes[pool.name]
         return ReactiveDemand(nodes, estimate)
 
     # The cluster starts sized for the demand of its first minute, nodes ready.
