@@ -161,7 +161,7 @@ class FragmentationModel:
             )
             state.derived[key] = cache
             return cache
-        stale = np.flatnonzero(cache.version != state.version)
+        stale = (cache.version != state.version).nonzero()[0]
         if stale.size:
             cache.own()
             cnt, low, total = self.counts(state.gpu_free[stale])
@@ -216,11 +216,11 @@ def sharing_slots(
     (GPUs with equal free share are interchangeable; the lowest index stands for them).
     Pairs come ordered by node position in `nodes`, then GPU index."""
     free = state.gpu_free[nodes]
-    order = np.argsort(free, axis=1, kind="stable")
-    ranked = np.take_along_axis(free, order, axis=1)
-    keep = ranked >= job.gpu_milli
-    keep[:, 1:] &= ranked[:, 1:] != ranked[:, :-1]
-    fits = np.zeros_like(keep)
-    np.put_along_axis(fits, order, keep, axis=1)
-    pos, gpu = np.nonzero(fits)
+    width = free.shape[1]
+    earlier = state.derived.get(("earlier-gpus", width))
+    if earlier is None:
+        earlier = state.derived[("earlier-gpus", width)] = np.tri(width, k=-1, dtype=bool)
+    # GPU g stands for its share unless a GPU h < g on the node has the same.
+    repeated = ((free[:, :, None] == free[:, None, :]) & earlier).any(axis=2)
+    pos, gpu = np.nonzero((free >= job.gpu_milli) & ~repeated)
     return nodes[pos], gpu

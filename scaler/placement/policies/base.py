@@ -140,4 +140,11 @@ def best_fit_gpus(state: ClusterState, job: Job, node: int) -> tuple[int, ...]:
 
 def idle_gpus(state: ClusterState, job: Job, node: int) -> tuple[int, ...]:
     free = state.gpu_free[node, : state.gpu_count[node]]
-    return tuple(int(g) for g in np.flatnonzero(free == WHOLE_GPU_MILLI)[: job.num_gpu])
+    return tuple(int(g) for g in (free == WHOLE_GPU_MILLI).nonzero()[0][: job.num_gpu])
+
+
+def run_starts(values: np.ndarray) -> np.ndarray:
+    """mask[i]: `values[i]` (1-D, non-empty) starts a run of equal values."""
+    first = np.ones(values.size, dtype=bool)
+    np.not_equal(values[1:], values[:-1], out=first[1:])
+    return first

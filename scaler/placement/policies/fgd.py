@@ -15,7 +15,7 @@ from scaler.cluster.job import Job
 from scaler.cluster.snapshot import ClusterState
 from scaler.placement.fragmentation import FragmentationModel
 from scaler.placement.mix import WorkloadMix
-from scaler.placement.policies.base import Choice, Policy, idle_gpus
+from scaler.placement.policies.base import Choice, Policy, idle_gpus, run_starts
 
 MAX_SCORE = 100
 
@@ -43,6 +43,6 @@ class FGD(Policy):
             return score, found.gpu
         # One node's candidates are contiguous and by GPU index: keep its best score and,
         # among equal scores, its lowest GPU.
-        starts = np.flatnonzero(np.r_[True, found.node[1:] != found.node[:-1]])
+        starts = run_starts(found.node).nonzero()[0]
         best = np.maximum.reduceat(score * 16 + (15 - found.gpu), starts)
         return best >> 4, 15 - (best & 15)

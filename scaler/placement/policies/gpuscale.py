@@ -39,7 +39,7 @@ from scaler.cluster.job import WHOLE_GPU_MILLI, Job
 from scaler.cluster.snapshot import ClusterState
 from scaler.placement.fragmentation import FragmentationModel
 from scaler.placement.mix import WorkloadMix
-from scaler.placement.policies.base import Choice, Policy, idle_gpus
+from scaler.placement.policies.base import Choice, Policy, idle_gpus, run_starts
 
 TOLERANCE = 20.0
 
@@ -57,7 +57,7 @@ class GpuScale(Policy):
 
     def choose(self, state: ClusterState, job: Job, nodes: np.ndarray) -> Choice:
         score, gpu = self.node_scores(state, job, nodes, self._score_nodes)
-        near = np.flatnonzero(score <= score.min() + TOLERANCE)
+        near = (score <= score.min() + TOLERANCE).nonzero()[0]
         pick = near[np.argmin(self.rank(state.size)[nodes[near]])]
         node = int(nodes[pick])
         if job.is_sharing:
@@ -116,10 +116,9 @@ class GpuScale(Policy):
             return score, found.gpu
         # A node's candidates are contiguous and by GPU index: keep its lowest score and,
         # among equal scores, its lowest GPU (the first winner of each node's run).
-        starts = np.flatnonzero(np.r_[True, node[1:] != node[:-1]])
-        segment = np.repeat(np.arange(starts.size), np.diff(np.r_[starts, node.size]))
-        lowest = np.minimum.reduceat(score, starts)
-        winners = np.flatnonzero(score <= lowest[segment])
-        won = segment[winners]
-        chosen = winners[np.r_[True, won[1:] != won[:-1]]]
+        first = run_starts(node)
+        segment = np.cumsum(first) - 1
+        lowest = np.minimum.reduceat(score, first.nonzero()[0])
+        winners = (score <= lowest[segment]).nonzero()[0]
+        chosen = winners[run_starts(segment[winners])]
         return score[chosen], found.gpu[chosen]
