@@ -35,7 +35,7 @@ from typer.testing import CliRunner
 from predictor.telemetry.config import pod_gpu_requests
 from predictor.telemetry.kube_objects import KUBE_NAMES
 from scaler.cli import app as gpuscale
-from scaler.controller.journal import DecisionLog
+from scaler.controller.journal import DecisionJournal
 
 pytestmark = pytest.mark.integration
 
@@ -203,7 +203,7 @@ def test_demand_up_scales_the_group_and_pre_positions_then_down_drains_and_shrin
     assert fake.objects("pods", "gpuscale-system") == []  # no headroom left to hold
 
     # Every decision is in the log with its inputs and outcome.
-    log = DecisionLog(state_dir)
+    log = DecisionJournal(state_dir)
     decisions = log.decisions()
     assert [d.applied for d in decisions] == [True, True, False]
     assert decisions[0].inputs["outlooks"][0]["observed"] == 8.0

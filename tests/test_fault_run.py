@@ -51,7 +51,7 @@ from predictor.telemetry.kube_objects import KUBE_NAMES
 from predictor.telemetry.store import TelemetryStore
 from scaler.cluster.pools import NodePool
 from scaler.controller.config import KubernetesSection, LiveConfig
-from scaler.controller.journal import DecisionLog
+from scaler.controller.journal import DecisionJournal
 from scaler.controller.reconcile import Reconciler
 from scaler.controller.system import LiveSystem, kube_client
 from scaler.kube.errors import KubeError
@@ -140,7 +140,7 @@ class Killed(BaseException):
     """A kill at a pause point: nothing in the loop may catch it."""
 
 
-class MortalLog(DecisionLog):
+class MortalLog(DecisionJournal):
     """The decision log of one process: once the process is killed it writes nothing
     more (the `finally` of a pass must not record what a killed process could not)."""
 

@@ -15,10 +15,10 @@ from scaler.cluster.pools import NodePool, load_pools, parse_pools
 from scaler.planning.margin import ConformalMargin
 from scaler.planning.planner import (
     DemandOutlook,
-    FleetState,
+    FleetCapacity,
     PlannerMemory,
     PlannerPolicy,
-    PoolFleet,
+    PoolCapacity,
     ScheduledSize,
     plan,
 )
@@ -60,16 +60,16 @@ def outlook(
     )
 
 
-def fleet(**pools: int | tuple[int, int] | PoolFleet) -> FleetState:
+def fleet(**pools: int | tuple[int, int] | PoolCapacity) -> FleetCapacity:
     out = []
     for name, spec in pools.items():
-        if isinstance(spec, PoolFleet):
+        if isinstance(spec, PoolCapacity):
             out.append(spec)
         elif isinstance(spec, tuple):
-            out.append(PoolFleet(name, ready=spec[0], booting=spec[1]))
+            out.append(PoolCapacity(name, ready=spec[0], booting=spec[1]))
         else:
-            out.append(PoolFleet(name, ready=spec))
-    return FleetState(at=AT, pools=tuple(out))
+            out.append(PoolCapacity(name, ready=spec))
+    return FleetCapacity(at=AT, pools=tuple(out))
 
 
 PREDICTIVE = PlannerPolicy(mode="predictive", drop_hold_steps=0)
@@ -217,13 +217,13 @@ def test_a_small_remainder_takes_a_small_node() -> None:
 
 
 def test_scale_down_takes_only_idle_or_drainable_nodes() -> None:
-    busy = PoolFleet("a100", ready=10, removable=2)
+    busy = PoolCapacity("a100", ready=10, removable=2)
     decided = plan([outlook([20, 20])], fleet(a100=busy), [pool()], PREDICTIVE)
     assert decided.desired == {"a100": 8}
 
 
 def test_booting_nodes_are_cancelled_before_ready_ones() -> None:
-    booting = PoolFleet("a100", ready=3, booting=4, removable=0)
+    booting = PoolCapacity("a100", ready=3, booting=4, removable=0)
     decided = plan([outlook([20, 20])], fleet(a100=booting), [pool()], PREDICTIVE)
     assert decided.desired == {"a100": 3}
 
@@ -239,7 +239,7 @@ def test_min_size_is_kept() -> None:
 def test_spot_interruption_is_replaced_from_on_demand_during_back_off() -> None:
     spot = pool("spot", price_per_hour=10.0, capacity_type="spot")
     ondemand = pool("ondemand", price_per_hour=32.0)
-    hit = PoolFleet("spot", ready=7, lost=3)
+    hit = PoolCapacity("spot", ready=7, lost=3)
     decided = plan([outlook([76, 76])], fleet(spot=hit, ondemand=0), [spot, ondemand], PREDICTIVE)
     # 80 GPUs = 10 nodes; 7 spot remain; the 3 replacements avoid the reclaimed pool.
     assert decided.desired == {"spot": 7, "ondemand": 3}
@@ -259,7 +259,7 @@ def test_spot_interruption_is_replaced_from_on_demand_during_back_off() -> None:
 
 
 def test_lost_on_demand_capacity_is_replaced_in_place() -> None:
-    hit = PoolFleet("a100", ready=7, lost=3)
+    hit = PoolCapacity("a100", ready=7, lost=3)
     decided = plan([outlook([76, 76])], fleet(a100=hit), [pool()], PREDICTIVE)
     assert decided.desired == {"a100": 10}
     assert "3 node(s) lost" in decided.decisions[0].reason
@@ -375,11 +375,13 @@ def test_static_mode_follows_the_daily_schedule() -> None:
             ScheduledSize(start=time(20, 0), pool="a100", size=6),
         ),
     )
-    at = lambda h: FleetState(at=datetime(2024, 1, 1, h), pools=(PoolFleet("a100", 10),))  # noqa: E731
+    at = lambda h: FleetCapacity(at=datetime(2024, 1, 1, h), pools=(PoolCapacity("a100", 10),))  # noqa: E731
     assert plan([], at(12), [pool()], policy).desired == {"a100": 20}
     assert plan([], at(22), [pool()], policy).desired == {"a100": 6}
     assert plan([], at(3), [pool()], policy).desired == {"a100": 6}  # yesterday's last entry
-    busy = FleetState(at=datetime(2024, 1, 1, 22), pools=(PoolFleet("a100", 10, removable=1),))
+    busy = FleetCapacity(
+        at=datetime(2024, 1, 1, 22), pools=(PoolCapacity("a100", 10, removable=1),)
+    )
     assert plan([], busy, [pool()], policy).desired == {"a100": 9}
 
 

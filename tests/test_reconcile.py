@@ -18,8 +18,8 @@ from predictor.telemetry.kube_objects import KUBE_NAMES, read_node, read_pod
 from predictor.telemetry.store import TelemetryStore
 from scaler.cluster.pools import NodePool
 from scaler.controller.config import LiveConfig, load_live_config
-from scaler.controller.fleet import FleetView, NodeView
-from scaler.controller.journal import DecisionLog
+from scaler.controller.fleet import FleetNode, ObservedFleet
+from scaler.controller.journal import DecisionJournal
 from scaler.controller.reconcile import (
     PlannerState,
     Reconciler,
@@ -77,7 +77,7 @@ def test_a_dry_run_decides_logs_and_changes_nothing(tmp_path: Path) -> None:
     assert outcome.decision.desired == {"a100": 5}
     assert outcome.decision.plan.decisions[0].reason.startswith("add 3")
     assert target(r) == 2
-    (logged,) = DecisionLog(cfg.state_dir).decisions()
+    (logged,) = DecisionJournal(cfg.state_dir).decisions()
     assert not logged.applied and logged.outcome == {"dry_run": True}
     assert logged.inputs["outlooks"][0]["observed"] == 40.0
     assert logged.plan["final_desired"] == {"a100": 5}
@@ -95,7 +95,7 @@ def test_sizes_are_set_so_a_repeated_pass_launches_nothing_more(tmp_path: Path) 
     launched = [e for e in r.system.provider.cloud.events if e.kind == "launched"]
     assert len(launched) == 5
     # Both passes planned from the memory at the start of the same demand step.
-    state = DecisionLog(cfg.state_dir).load("planner")
+    state = DecisionJournal(cfg.state_dir).load("planner")
     assert state.step == first.decision.step == again.decision.step
     assert state.base is None
 
@@ -112,7 +112,7 @@ def test_an_interrupted_scale_up_is_settled_not_repeated(tmp_path: Path, point: 
 
     with pytest.raises(Crash):
         reconciler(cfg, system, pause=crash).iterate(apply=True)
-    log = DecisionLog(cfg.state_dir)
+    log = DecisionJournal(cfg.state_dir)
     assert [a.status for a in log.actions()] == ["pending"]
 
     outcome = reconciler(cfg, system).iterate(apply=True)
@@ -136,7 +136,7 @@ def test_stale_telemetry_never_scales_down(tmp_path: Path) -> None:
     assert d.desired == {"a100": 5} and d.removals == ()
     assert "stale: newest point 600 s old (limit 300 s)" in d.held["a100"]
     assert outcome.actions == [] and target(r) == 5
-    (logged,) = DecisionLog(cfg.state_dir).decisions()
+    (logged,) = DecisionJournal(cfg.state_dir).decisions()
     assert logged.inputs["problems"] == ["a100: stale: newest point 600 s old (limit 300 s)"]
     assert logged.plan["held"]["a100"].startswith("scale-down held")
 
@@ -158,8 +158,8 @@ def test_missing_telemetry_holds_too_and_fresh_telemetry_scales_down(tmp_path: P
 def test_choose_removals_prefers_booting_then_resumed_then_idle_nodes() -> None:
     t = NOW
 
-    def node(name: str, status: NodeStatus, minutes: int, **kw: Any) -> NodeView:
-        return NodeView(name, "a100", status, t + timedelta(minutes=minutes), kube_name=name, **kw)
+    def node(name: str, status: NodeStatus, minutes: int, **kw: Any) -> FleetNode:
+        return FleetNode(name, "a100", status, t + timedelta(minutes=minutes), kube_name=name, **kw)
 
     nodes = (
         node("busy", NodeStatus.READY, 0, busy=True),
@@ -170,7 +170,7 @@ def test_choose_removals_prefers_booting_then_resumed_then_idle_nodes() -> None:
         node("booting", NodeStatus.BOOTING, 5),
         node("backoff", NodeStatus.READY, 6),
     )
-    fleet = FleetView({"a100": nodes}, {"a100": 7}, kubernetes=True)
+    fleet = ObservedFleet({"a100": nodes}, {"a100": 7}, kubernetes=True)
     order = [n.cloud_name for n in choose_removals(fleet, "a100", 10, frozenset({"backoff"}))]
     assert order == ["booting", "resumed", "idle-new", "idle-old", "pods"]
     assert [n.cloud_name for n in choose_removals(fleet, "a100", 2, frozenset())] == [
@@ -237,18 +237,18 @@ def kube_pod(
     }
 
 
-def fleet_of(pool: str, nodes: list[dict], pods: list[dict]) -> FleetView:
+def fleet_of(pool: str, nodes: list[dict], pods: list[dict]) -> ObservedFleet:
     """The fleet the loop would see: every node ready, registered under its own name."""
     cluster = observed_cluster(
         [(read_node(n), n["metadata"]["name"]) for n in nodes], [read_pod(p) for p in pods]
     )
     views = tuple(
-        NodeView(
+        FleetNode(
             n["metadata"]["name"], pool, NodeStatus.READY, NOW, kube_name=n["metadata"]["name"]
         )
         for n in nodes
     )
-    return FleetView({pool: views}, {pool: len(views)}, kubernetes=True, cluster=cluster)
+    return ObservedFleet({pool: views}, {pool: len(views)}, kubernetes=True, cluster=cluster)
 
 
 def test_placeholders_pack_the_job_mix_onto_the_room_the_plan_provides() -> None:
@@ -334,12 +334,12 @@ def test_an_idle_node_a_pending_pod_fits_only_on_is_kept() -> None:
     nodes = [kube_node("n1"), kube_node("n2")]
     train = kube_pod("train", "n1", gpus=7)
 
-    def fleet(*pods: dict) -> FleetView:
+    def fleet(*pods: dict) -> ObservedFleet:
         seen = fleet_of("a100", nodes, [train, *pods])
         busy = tuple(replace(n, busy=n.cloud_name == "n1") for n in seen.nodes["a100"])
         return replace(seen, nodes={"a100": busy}).with_removal_checks(policy, frozenset())
 
-    def checked(*pods: dict) -> NodeView:
+    def checked(*pods: dict) -> FleetNode:
         return {n.cloud_name: n for n in fleet(*pods).all_nodes()}["n2"]
 
     assert checked().drainable is True
@@ -490,7 +490,7 @@ def test_a_pending_gpu_sharing_pod_scales_up_the_live_loop(tmp_path: Path, fake:
         ("set_target", "target 1 -> 2")
     ]
     assert target(r) == 2
-    logged = DecisionLog(r.config.state_dir).decisions()[0]  # newest first
+    logged = DecisionJournal(r.config.state_dir).decisions()[0]  # newest first
     assert logged.plan["reactive"]["pending_pods"] == 1
     assert logged.plan["reactive"]["estimate"]["new_nodes"] == {"a100": 1}
     assert logged.inputs["reactive"]["floor"] == {"a100": 2}

@@ -28,7 +28,7 @@ from live_fixtures import (
 )
 from typer.testing import CliRunner
 
-from scaler.controller.journal import DecisionLog
+from scaler.controller.journal import DecisionJournal
 
 pytestmark = pytest.mark.integration
 
@@ -56,7 +56,7 @@ def test_killed_mid_scale_up_and_restarted_launches_nothing_twice(
     state_dir = tmp_path / "state"
     write_demand(state_dir, "a100", [8.0] * 5 + [40.0])  # 40 GPUs: five 8-GPU nodes
     config = restart_config(tmp_path, moto, asg, state_dir)
-    log = DecisionLog(state_dir)
+    log = DecisionJournal(state_dir)
 
     first = spawn_scale(
         config,
@@ -116,7 +116,7 @@ def applied(state_dir: Path) -> list[int]:
     """Times (ns) of the decisions a replica applied, oldest first."""
     if not (state_dir / "decisions.sqlite").exists():
         return []
-    return sorted(d.at_ns for d in DecisionLog(state_dir).decisions() if d.applied)
+    return sorted(d.at_ns for d in DecisionJournal(state_dir).decisions() if d.applied)
 
 
 def test_two_daemons_only_the_lease_holder_acts(tmp_path: Path, moto: Any) -> None:
@@ -174,7 +174,7 @@ def test_two_daemons_only_the_lease_holder_acts(tmp_path: Path, moto: Any) -> No
             assert asg.desired == 5 and len(asg.launched()) == 5
             (decided,) = {  # every pass of a asked for the same placeholders
                 json.dumps(d.plan["placeholders"], sort_keys=True)
-                for d in DecisionLog(a_dir).decisions()
+                for d in DecisionJournal(a_dir).decisions()
                 if d.applied
             }
             wanted = sum(p["count"] for p in json.loads(decided))

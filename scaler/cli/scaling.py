@@ -325,7 +325,7 @@ def plan_command(
 
     from predictor.foundation.errors import InputError
     from scaler.cluster.pools import load_pools
-    from scaler.planning.planner import FleetState, PoolFleet, plan
+    from scaler.planning.planner import FleetCapacity, PoolCapacity, plan
 
     if (forecast_file is None) == (trace is None):
         raise InputError("give exactly one of --forecast and --trace")
@@ -357,7 +357,7 @@ def plan_command(
     for pool in pools:
         ready, _, booting = counts.get(pool.name, "0").partition("+")
         try:
-            fleet.append(PoolFleet(pool.name, int(ready), int(booting or 0)))
+            fleet.append(PoolCapacity(pool.name, int(ready), int(booting or 0)))
         except ValueError:
             raise InputError(
                 f"--fleet {pool.name}: READY[+BOOTING] must be whole numbers"
@@ -365,7 +365,7 @@ def plan_command(
     when = (
         datetime.now(UTC).replace(tzinfo=None) if at is None else pd.Timestamp(at).to_pydatetime()
     )
-    decided = plan(outlooks, FleetState(at=when, pools=tuple(fleet)), pools, policy)
+    decided = plan(outlooks, FleetCapacity(at=when, pools=tuple(fleet)), pools, policy)
     if as_json:
         typer.echo(json.dumps(decided.to_dict(), indent=2))
         return

@@ -31,14 +31,14 @@ from scaler.placement.engine import commit, place
 from scaler.placement.policies.base import Policy
 from scaler.placement.queue import QueuePolicy, admission_order
 from scaler.placement.scale_down import check_removals
-from scaler.planning.planner import FleetState, PoolFleet
+from scaler.planning.planner import FleetCapacity, PoolCapacity
 from scaler.providers.base import CloudProvider, NodeStatus
 
 FIFO = QueuePolicy(order="fifo")  # how kube-scheduler's queue offers pending pods a node
 
 
 @dataclass(frozen=True, slots=True)
-class NodeView:
+class FleetNode:
     cloud_name: str
     pool: str
     status: NodeStatus
@@ -68,19 +68,19 @@ class NodeView:
 
 
 @dataclass(frozen=True)
-class FleetView:
+class ObservedFleet:
     """Nodes per pool, the providers' target sizes, and GPUs in real use per pool."""
 
-    nodes: Mapping[str, tuple[NodeView, ...]]
+    nodes: Mapping[str, tuple[FleetNode, ...]]
     targets: Mapping[str, int]
     used_gpus: Mapping[str, float] = field(default_factory=dict)
     kubernetes: bool = False
     cluster: ObservedCluster | None = None
 
-    def all_nodes(self) -> list[NodeView]:
+    def all_nodes(self) -> list[FleetNode]:
         return [n for nodes in self.nodes.values() for n in nodes]
 
-    def removable(self, pool: str, unremovable: frozenset[str]) -> list[NodeView]:
+    def removable(self, pool: str, unremovable: frozenset[str]) -> list[FleetNode]:
         """Ready nodes the planner may count as idle or drainable now."""
         return [
             n
@@ -93,7 +93,7 @@ class FleetView:
         ]
 
     def removal_candidates(self, pool: str, unremovable: frozenset[str]) -> list[RemovalCandidate]:
-        """The pool's nodes for `removal_order`, each keyed by its NodeView."""
+        """The pool's nodes for `removal_order`, each keyed by its FleetNode."""
         removable = {n.cloud_name for n in self.removable(pool, unremovable)}
         return [
             RemovalCandidate(
@@ -107,7 +107,7 @@ class FleetView:
             for n in self.nodes.get(pool, ())
         ]
 
-    def with_removal_checks(self, policy: Policy, unremovable: frozenset[str]) -> FleetView:
+    def with_removal_checks(self, policy: Policy, unremovable: frozenset[str]) -> ObservedFleet:
         """The view with every ready node that could go checked: may its pods, placeholders
         aside, go elsewhere? As in Cluster Autoscaler, the pending pods that fit now are
         placed first (see `with_pending`), so an idle node a pending pod is about to take
@@ -146,12 +146,12 @@ class FleetView:
 
     def fleet_state(
         self, at: datetime, unremovable: frozenset[str], lost: Mapping[str, int]
-    ) -> FleetState:
+    ) -> FleetCapacity:
         pools = []
         for pool, nodes in self.nodes.items():
             ready = sum(n.status is NodeStatus.READY for n in nodes)
             pools.append(
-                PoolFleet(
+                PoolCapacity(
                     pool=pool,
                     ready=ready,
                     booting=len(nodes) - ready,
@@ -159,7 +159,7 @@ class FleetView:
                     lost=lost.get(pool, 0),
                 )
             )
-        return FleetState(at=at, pools=tuple(pools))
+        return FleetCapacity(at=at, pools=tuple(pools))
 
     def to_dict(self) -> dict[str, object]:
         out: dict[str, object] = {
@@ -195,7 +195,7 @@ def observe_fleet(
     names: KubeNames = KUBE_NAMES,
     assume_idle: bool = False,
     observe: ObserveCluster = observe_cluster,
-) -> FleetView:
+) -> ObservedFleet:
     """Read the provider (after a refresh) and, when given, the cluster (with `observe`:
     a process that reads the cluster elsewhere too passes its shared listing). Without a
     cluster, ready nodes count as idle only when `assume_idle` (a simulated cloud, where
@@ -207,7 +207,7 @@ def observe_fleet(
     if api is None:
         nodes = {
             pool: tuple(
-                NodeView(
+                FleetNode(
                     n.name,
                     pool,
                     n.status,
@@ -218,7 +218,7 @@ def observe_fleet(
             )
             for pool, found in cloud_nodes.items()
         }
-        return FleetView(nodes, targets)
+        return ObservedFleet(nodes, targets)
 
     cluster = observe(api, names)
     by_cloud = {n.cloud_name: n for n in cluster.nodes.values()}
@@ -244,7 +244,7 @@ def observe_fleet(
         for n in found:
             kube = by_cloud.get(n.name)
             views.append(
-                NodeView(
+                FleetNode(
                     cloud_name=n.name,
                     pool=pool,
                     status=n.status,
@@ -256,4 +256,4 @@ def observe_fleet(
                 )
             )
         nodes[pool] = tuple(views)
-    return FleetView(nodes, targets, used, kubernetes=True, cluster=cluster)
+    return ObservedFleet(nodes, targets, used, kubernetes=True, cluster=cluster)

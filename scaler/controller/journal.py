@@ -76,7 +76,7 @@ class Action:
 
 
 @dataclass(frozen=True)
-class DecisionRecord:
+class JournalEntry:
     id: int
     at_ns: int
     identity: str
@@ -86,7 +86,7 @@ class DecisionRecord:
     outcome: dict[str, Any] | None
 
 
-class DecisionLog:
+class DecisionJournal:
     """Decisions, the action journal and the loop's state in `state_dir/decisions.sqlite`.
     Each call opens its own connection, so several processes may share one log."""
 
@@ -124,7 +124,7 @@ class DecisionLog:
                 "UPDATE decisions SET outcome = ? WHERE id = ?", (_json(outcome), decision_id)
             )
 
-    def decisions(self, limit: int | None = None) -> list[DecisionRecord]:
+    def decisions(self, limit: int | None = None) -> list[JournalEntry]:
         """Newest first."""
         sql = (
             "SELECT id, at, identity, applied, inputs, plan, outcome FROM decisions"
@@ -137,7 +137,7 @@ class DecisionLog:
         with self._db.connect() as conn:
             rows = conn.execute(sql, args).fetchall()
         return [
-            DecisionRecord(
+            JournalEntry(
                 id=r[0],
                 at_ns=r[1],
                 identity=r[2],

@@ -46,7 +46,7 @@ from scaler.cluster.pools import NodePool
 from scaler.cluster.snapshot import ClusterState
 from scaler.cluster.templates import template_node
 from scaler.controller.config import kube_names, mix_jobs, workload_mix
-from scaler.controller.fleet import FleetView, NodeView, observe_fleet
+from scaler.controller.fleet import FleetNode, ObservedFleet, observe_fleet
 from scaler.controller.leader import LeaderElector, NotLeader
 from scaler.controller.removal_order import removal_order
 from scaler.controller.system import LiveSystem
@@ -68,7 +68,7 @@ from scaler.placement.policies.base import Policy
 from scaler.planning.demand import DemandReading, Outlooks, outlooks, read_demand
 from scaler.planning.planner import (
     CapacityPlan,
-    FleetState,
+    FleetCapacity,
     PlannerMemory,
     PlannerPolicy,
     plan,
@@ -147,14 +147,14 @@ class PendingFloor:
 
 
 @dataclass(frozen=True, eq=False)
-class Decision:
+class PassDecision:
     """What one pass decided, with everything it decided on."""
 
     at: datetime
     step: str
     reading: DemandReading
     outlook: Outlooks
-    fleet: FleetView
+    fleet: ObservedFleet
     plan: CapacityPlan
     desired: Mapping[str, int]  # scale-downs the telemetry cannot justify held, floor applied
     held: Mapping[str, str]
@@ -223,8 +223,8 @@ def hold_scale_downs(plan: CapacityPlan, problems: Sequence[str]) -> tuple[dict[
 
 
 def pending_floor(
-    fleet: FleetView,
-    fleet_state: FleetState,
+    fleet: ObservedFleet,
+    fleet_state: FleetCapacity,
     pools: Sequence[NodePool],
     policy: PlannerPolicy,
     placement: Policy,
@@ -253,14 +253,14 @@ def pending_floor(
 
 
 def choose_removals(
-    fleet: FleetView, pool: str, count: int, unremovable: frozenset[str]
-) -> list[NodeView]:
+    fleet: ObservedFleet, pool: str, count: int, unremovable: frozenset[str]
+) -> list[FleetNode]:
     """The nodes of `pool` to take out, in the one removal order (`removal_order`)."""
     return [c.key for c in removal_order(fleet.removal_candidates(pool, unremovable), count)]
 
 
 def pool_room(
-    fleet: FleetView,
+    fleet: ObservedFleet,
     pool: NodePool,
     desired: int,
     removed: frozenset[str],
@@ -351,7 +351,7 @@ def pack_placeholders(
 
 
 def placeholder_demand(
-    fleet: FleetView,
+    fleet: ObservedFleet,
     pools: Sequence[NodePool],
     desired: Mapping[str, int],
     *,
@@ -396,7 +396,7 @@ def placeholder_demand(
 
 @dataclass
 class PassOutcome:
-    decision: Decision
+    decision: PassDecision
     applied: bool
     decision_id: int | None = None
     actions: list[dict[str, Any]] = field(default_factory=list)
@@ -435,7 +435,7 @@ class Reconciler:
         self._dry_state: PlannerState | None = None  # a dry run's memory stays in memory
 
     # ---- deciding ------------------------------------------------------------------------
-    def decide(self, state: PlannerState | None = None) -> Decision:
+    def decide(self, state: PlannerState | None = None) -> PassDecision:
         """Read, forecast and plan; act on nothing."""
         cfg = self.config
         now = self.clock()
@@ -493,7 +493,7 @@ class Reconciler:
                 names=names,
                 gpus_each=kube.placeholder_gpus,
             )
-        return Decision(
+        return PassDecision(
             at=now,
             step=step,
             reading=reading,
@@ -573,7 +573,7 @@ class Reconciler:
         return settled
 
     # ---- acting ---------------------------------------------------------------------------
-    def _act(self, decision: Decision, decision_id: int, outcome: PassOutcome) -> None:
+    def _act(self, decision: PassDecision, decision_id: int, outcome: PassOutcome) -> None:
         groups = {g.id(): g for g in self.system.provider.node_groups()}
         for pool in self.config.pools:
             target = decision.fleet.targets.get(pool.name, 0)
@@ -659,7 +659,7 @@ class Reconciler:
         log_.complete(action, status, why)
         return entry | {"status": status, "result": why}
 
-    def _uncordon(self, decision_id: int, node: NodeView) -> dict[str, Any]:
+    def _uncordon(self, decision_id: int, node: FleetNode) -> dict[str, Any]:
         self._check_leader()
         assert self.system.kube is not None and node.kube_name is not None
         log_ = self.system.log

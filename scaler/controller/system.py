@@ -14,7 +14,7 @@ from kubernetes import client as k8s
 from predictor.telemetry.kubernetes import api_client
 from predictor.telemetry.store import TelemetryStore
 from scaler.controller.config import KubernetesSection, LiveConfig
-from scaler.controller.journal import DecisionLog
+from scaler.controller.journal import DecisionJournal
 from scaler.kube.timeouts import with_timeout
 from scaler.planning.demand import ForecastModel
 from scaler.providers.base import CloudProvider
@@ -84,7 +84,7 @@ class LiveSystem:
     provider: CloudProvider
     kube: k8s.ApiClient | None
     store: TelemetryStore
-    log: DecisionLog
+    log: DecisionJournal
     model: ForecastModel
 
     @classmethod
@@ -95,7 +95,7 @@ class LiveSystem:
             provider=build_provider(config),
             kube=kube,
             store=TelemetryStore(config.state_dir),
-            log=DecisionLog(config.state_dir),
+            log=DecisionJournal(config.state_dir),
             model=ForecastModel.from_settings(config.model),
         )
 

@@ -61,10 +61,10 @@ from scaler.placement.queue import Order, QueuePolicy, admission_order
 from scaler.placement.scale_down import check_removals
 from scaler.planning.planner import (
     DemandOutlook,
-    FleetState,
+    FleetCapacity,
     PlannerMemory,
     PlannerPolicy,
-    PoolFleet,
+    PoolCapacity,
     plan,
 )
 from scaler.planning.reactive import ReactiveDemand, reactive_demand
@@ -844,15 +844,15 @@ def _sync(
     return stopped
 
 
-def _fleet(groups: Groups, cluster: _SimCluster, at: datetime) -> FleetState:
+def _fleet(groups: Groups, cluster: _SimCluster, at: datetime) -> FleetCapacity:
     """Ready nodes are those in the cluster; the rest of a group's target is booting.
     Nodes that hold only placeholders are idle: their room is not work."""
     pools = []
     for name, group in groups.items():
         ready = cluster.ready(name)
         idle = ready - cluster.busy(name)
-        pools.append(PoolFleet(name, ready, group.target_size() - ready, removable=idle))
-    return FleetState(at=at, pools=tuple(pools))
+        pools.append(PoolCapacity(name, ready, group.target_size() - ready, removable=idle))
+    return FleetCapacity(at=at, pools=tuple(pools))
 
 
 def _apply(desired: Mapping[str, int], groups: Groups, cluster: _SimCluster, engine: Policy) -> int:

@@ -30,10 +30,10 @@ from predictor.models.forecast import Forecaster, quantile_column
 from scaler.cluster.pools import NodePool
 from scaler.planning.planner import (
     DemandOutlook,
-    FleetState,
+    FleetCapacity,
     PlannerMemory,
     PlannerPolicy,
-    PoolFleet,
+    PoolCapacity,
     plan,
 )
 
@@ -327,7 +327,7 @@ class PlannerPolicyRun:
         outlook = DemandOutlook(
             group="demand", observed=float(self.demand[t - 1]), levels=self.levels, values=values
         )
-        fleet = FleetState(at=self.at[t], pools=(PoolFleet(self.pool.name, ready, booting),))
+        fleet = FleetCapacity(at=self.at[t], pools=(PoolCapacity(self.pool.name, ready, booting),))
         decided = plan([outlook], fleet, [self.pool], self.policy, self.memory)
         self.memory = decided.memory
         return decided.desired[self.pool.name]

@@ -137,7 +137,7 @@ class DemandOutlook:
 
 
 @dataclass(frozen=True, slots=True)
-class PoolFleet:
+class PoolCapacity:
     """A pool's nodes at decision time. `removable`: ready nodes that are idle or drainable
     now (the only ready nodes the planner may remove); `lost`: nodes that vanished since the
     previous decision (spot interruptions, failed launches)."""
@@ -159,11 +159,11 @@ class PoolFleet:
 
 
 @dataclass(frozen=True, slots=True)
-class FleetState:
+class FleetCapacity:
     at: datetime
-    pools: tuple[PoolFleet, ...]
+    pools: tuple[PoolCapacity, ...]
 
-    def by_pool(self) -> dict[str, PoolFleet]:
+    def by_pool(self) -> dict[str, PoolCapacity]:
         return {p.pool: p for p in self.pools}
 
 
@@ -272,7 +272,7 @@ class CapacityPlan:
 
 def plan(
     outlooks: Sequence[DemandOutlook],
-    fleet: FleetState,
+    fleet: FleetCapacity,
     pools: Sequence[NodePool],
     policy: PlannerPolicy,
     memory: PlannerMemory | None = None,
@@ -297,7 +297,7 @@ def plan(
 
     backoff = dict(memory.spot_backoff_until)
     for pool in pools:
-        if pool.is_spot and current.get(pool.name, PoolFleet(pool.name, 0)).lost:
+        if pool.is_spot and current.get(pool.name, PoolCapacity(pool.name, 0)).lost:
             backoff[pool.name] = step + policy.spot_backoff_steps
 
     if policy.mode == "static":
@@ -491,13 +491,13 @@ def _size_pools(
     pools: Sequence[NodePool],
     routing: _Routing,
     lead: Mapping[str, int],
-    current: Mapping[str, PoolFleet],
+    current: Mapping[str, PoolCapacity],
     policy: PlannerPolicy,
     memory: PlannerMemory,
     backoff: Mapping[str, int],
     step: int,
 ) -> tuple[dict[str, int], list[PoolDecision], dict[str, int], dict[str, int]]:
-    fleets = {p.name: current.get(p.name) or PoolFleet(p.name, 0) for p in pools}
+    fleets = {p.name: current.get(p.name) or PoolCapacity(p.name, 0) for p in pools}
     desired = {p.name: max(fleets[p.name].total, p.min_size) for p in pools}
     notes: dict[str, list[str]] = {p.name: [] for p in pools}
     add_to = [n.add_to for n in needs]
@@ -664,10 +664,10 @@ def _max_removable(
 
 
 def _static(
-    fleet: FleetState,
+    fleet: FleetCapacity,
     pools: Sequence[NodePool],
     policy: PlannerPolicy,
-    current: Mapping[str, PoolFleet],
+    current: Mapping[str, PoolCapacity],
 ) -> tuple[dict[str, int], list[PoolDecision]]:
     clock = fleet.at.time()
     desired: dict[str, int] = {}
@@ -682,7 +682,7 @@ def _static(
             entry = max(started or entries, key=lambda e: e.start)
             size, source = entry.size, f"schedule from {entry.start.isoformat('minutes')}"
         size = min(max(size, pool.min_size), pool.max_size)
-        fleet_now = current.get(pool.name, PoolFleet(pool.name, 0))
+        fleet_now = current.get(pool.name, PoolCapacity(pool.name, 0))
         have = fleet_now.total
         if size < have - fleet_now.can_remove:
             size = have - fleet_now.can_remove

@@ -21,7 +21,7 @@ from scaler.placement.policies.base import Policy
 from scaler.planning.planner import (
     CapacityPlan,
     DemandOutlook,
-    FleetState,
+    FleetCapacity,
     PlannerMemory,
     PlannerPolicy,
     plan,
@@ -103,7 +103,7 @@ class ReactiveFloor:
 
 def reactive_floor(
     demand: ReactiveDemand,
-    fleet: FleetState,
+    fleet: FleetCapacity,
     pools: Sequence[NodePool],
     policy: PlannerPolicy,
     memory: PlannerMemory | None = None,

@@ -9,7 +9,7 @@ import threading
 import time
 from collections.abc import Callable
 
-from scaler.controller.reconcile import Decision, Reconciler
+from scaler.controller.reconcile import PassDecision, Reconciler
 from scaler.controller.system import LiveSystem
 from scaler.kube.observed import ObserveCluster, observe_cluster
 from scaler.providers.base import NodeStatus
@@ -34,9 +34,9 @@ class PlanDesk:
         self.reconciler = Reconciler(system, observe=observe)
         self._clock = clock
         self._lock = threading.Lock()
-        self._cached: tuple[float, Decision] | None = None
+        self._cached: tuple[float, PassDecision] | None = None
 
-    def decision(self) -> Decision:
+    def decision(self) -> PassDecision:
         ttl = self.system.config.service.plan_cache_s
         with self._lock:
             now = self._clock()
