@@ -465,9 +465,11 @@ class _Scheduler:
         cluster = self.cluster
         if len(task.members) == 1:
             job = task.head
-            decided = place(cluster.state, job, self.policy)
-            if isinstance(decided, Unschedulable) and cluster.evictable(task.pool, job):
+            # preempt places the job as it is first, and evicts only if it fits nowhere.
+            if cluster.evictable(task.pool, job):
                 decided = preempt(cluster.state, job, self.policy, now_s)
+            else:
+                decided = place(cluster.state, job, self.policy)
             if isinstance(decided, Unschedulable):
                 return False
             self._take(job, decided, now_s)
