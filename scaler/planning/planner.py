@@ -283,15 +283,15 @@ def plan(
     current = fleet.by_pool()
     routing = _routing(
         tuple(o.gpu_models for o in outlooks),
-        tuple((p.name, p.gpu_model, p.gpus_per_node) for p in pools),
+        tuple(
+            (p.name, p.gpu_model, p.gpus_per_node, p.boot_steps(policy.step_seconds)) for p in pools
+        ),
     )
-    lead = {p.name: p.boot_steps(policy.step_seconds) for p in pools}
     group_memory = dict(memory.groups)
     needs: list[GroupNeed] = []
     if policy.mode != "static":
-        for outlook, allowed in zip(outlooks, routing.pools, strict=True):
+        for outlook, group_lead in zip(outlooks, routing.group_lead, strict=True):
             old = group_memory.get(outlook.group) or GroupMemory()
-            group_lead = max((lead[name] for name in allowed), default=0)
             need, group_memory[outlook.group] = _group_need(outlook, old, policy, group_lead, step)
             needs.append(need)
 
@@ -306,7 +306,7 @@ def plan(
         last_up = dict(memory.last_scale_up)
     else:
         desired, decisions, surplus_since, last_up = _size_pools(
-            needs, outlooks, pools, routing, lead, current, policy, memory, backoff, step
+            needs, outlooks, pools, routing, current, policy, memory, backoff, step
         )
     new_memory = PlannerMemory(
         step=step + 1,
@@ -437,33 +437,38 @@ def _unit_cost(pool: NodePool, objective: Objective) -> float:
 @dataclass(frozen=True, slots=True)
 class _Routing:
     """Which pools may serve each demand group: groups in the order they are served
-    (tightest first, fewest pools allowed), each group's pools least contested first, and
-    the groups each pool serves."""
+    (tightest first, fewest pools allowed), each group's pools least contested first, the
+    groups each pool serves, and the lead times (steps) of pools and groups."""
 
     order: tuple[int, ...]
     pools: tuple[tuple[str, ...], ...]  # per group, in serving order
     gpus: tuple[tuple[str, int], ...]  # every pool's GPUs per node
     served: Mapping[str, tuple[int, ...]]  # pool -> the groups it may serve
+    lead: Mapping[str, int]  # pool -> boot time in steps
+    group_lead: tuple[int, ...]  # per group: the longest lead of its pools (0: none)
 
 
 # Every `_unmet` of a call, and every call of a loop (the same groups and pools each
 # minute), asks the same question: it is answered once.
 @functools.lru_cache(maxsize=64)
 def _routing(
-    group_models: tuple[frozenset[str] | None, ...], pools: tuple[tuple[str, str, int], ...]
+    group_models: tuple[frozenset[str] | None, ...], pools: tuple[tuple[str, str, int, int], ...]
 ) -> _Routing:
     """`_Routing` of groups allowed `group_models` (None: any) onto pools given as (name,
-    GPU model, GPUs per node)."""
+    GPU model, GPUs per node, lead in steps)."""
     allowed = [
-        [name for name, model, _ in pools if models is None or model in models]
+        [name for name, model, _, _ in pools if models is None or model in models]
         for models in group_models
     ]
-    contest = {name: sum(name in a for a in allowed) for name, _, _ in pools}
+    contest = {name: sum(name in a for a in allowed) for name, *_ in pools}
+    lead = {name: steps for name, _, _, steps in pools}
     return _Routing(
         order=tuple(sorted(range(len(allowed)), key=lambda i: len(allowed[i]))),
         pools=tuple(tuple(sorted(a, key=contest.__getitem__)) for a in allowed),
-        gpus=tuple((name, gpus) for name, _, gpus in pools),
-        served={name: tuple(g for g, a in enumerate(allowed) if name in a) for name, _, _ in pools},
+        gpus=tuple((name, gpus) for name, _, gpus, _ in pools),
+        served={name: tuple(g for g, a in enumerate(allowed) if name in a) for name, *_ in pools},
+        lead=lead,
+        group_lead=tuple(max((lead[name] for name in a), default=0) for a in allowed),
     )
 
 
@@ -490,7 +495,6 @@ def _size_pools(
     outlooks: Sequence[DemandOutlook],
     pools: Sequence[NodePool],
     routing: _Routing,
-    lead: Mapping[str, int],
     current: Mapping[str, PoolCapacity],
     policy: PlannerPolicy,
     memory: PlannerMemory,
@@ -505,7 +509,8 @@ def _size_pools(
 
     # Scale up: cover every group's need at the lead time with the cheapest nodes.
     lack = _unmet(desired, add_to, routing)
-    for g in sorted(range(len(needs)), key=lambda i: -lack[i]):
+    short = max(lack, default=0.0) > 1e-9
+    for g in sorted(range(len(needs)), key=lambda i: -lack[i]) if short else ():
         while lack[g] > 1e-9:
             choice = _cheapest(pools, outlooks[g], desired, lack[g], policy, backoff, step)
             if choice is None:
@@ -524,13 +529,18 @@ def _size_pools(
     # expensive first, only idle/drainable or booting nodes, after the hysteresis.
     surplus_since = dict(memory.surplus_since)
     order = sorted(pools, key=lambda p: -_unit_cost(p, policy.objective))
+    # Whether the sizes cover every group's keep: a removal keeps them covering, so this
+    # is asked once per call at most.
+    covered: bool | None = None
     for pool in order if policy.scale_down_enabled else ():
         name = pool.name
         if desired[name] > fleets[name].total:
             surplus_since.pop(name, None)
             continue
         limit = min(fleets[name].can_remove, desired[name] - pool.min_size)
-        removable = _max_removable(name, limit, desired, keep, routing)
+        if limit > 0 and covered is None:
+            covered = _covers(desired, keep, routing)
+        removable = _max_removable(name, limit, desired, keep, routing) if covered else 0
         if removable < policy.min_scale_down_nodes:
             surplus_since.pop(name, None)
             continue
@@ -588,7 +598,7 @@ def _size_pools(
                     "booting": fleet.booting,
                     "removable": fleet.can_remove,
                     "lost": fleet.lost,
-                    "lead_steps": lead[name],
+                    "lead_steps": routing.lead[name],
                     "max_size": pool.max_size,
                 },
             )
@@ -642,17 +652,13 @@ def _max_removable(
     routing: _Routing,
 ) -> int:
     """The most nodes of pool `name` (at most `limit`) whose removal leaves every group's
-    `keep` covered (coverage is monotone in the count, so bisect)."""
-    if limit <= 0:
-        return 0
+    `keep` covered, which `desired` does (coverage is monotone in the count, so bisect)."""
     counts = dict(desired)
 
     def fits(r: int) -> bool:
         counts[name] = desired[name] - r
-        return all(x <= 1e-9 for x in _unmet(counts, keep, routing))
+        return _covers(counts, keep, routing)
 
-    if not fits(0):
-        return 0
     lo, hi = 0, limit
     while lo < hi:
         mid = (lo + hi + 1) // 2
@@ -661,6 +667,10 @@ def _max_removable(
         else:
             hi = mid - 1
     return lo
+
+
+def _covers(counts: Mapping[str, int], needs: Sequence[float], routing: _Routing) -> bool:
+    return all(x <= 1e-9 for x in _unmet(counts, needs, routing))
 
 
 def _static(
