@@ -622,6 +622,9 @@ def simulate_jobs(
     grown = {p.name: True for p in pools}  # room grew since the last pass: retry all
     fresh = {p.name: False for p in pools}  # tasks joined the queue since the last pass
     demand_memo: dict[str, tuple[DemandKey, int]] = {}
+    demand_seen: Mapping[str, int] | None = None  # the nodes the outlooks below were made of
+    reactive: tuple[DemandOutlook, ...] = ()
+    observed: dict[str, float] = {}
     shape_memo: dict[tuple[str, ShapeKey], int] = {}  # see observe
     estimate = ScaleUpEstimate(pools={})
     running: list[tuple[int, int, int, _Task]] = []
@@ -765,8 +768,11 @@ def simulate_jobs(
                 stopped(task)
             scheduler.requeued.clear()
 
-        reactive = observe().outlooks(pools)
-        observed = {o.group: o.observed for o in reactive}
+        demand = observe()
+        if demand.nodes != demand_seen:  # else the outlooks of the minute before hold
+            reactive = demand.outlooks(pools)
+            observed = {o.group: o.observed for o in reactive}
+            demand_seen = demand.nodes
         for name, value in observed.items():
             step_peak[name] = max(step_peak[name], value)
         at = first_minute + timedelta(minutes=minute)
