@@ -8,8 +8,9 @@ simulator measures is what the loop does:
 2. ready nodes gpuscale already cordoned for removal: a removal a restart interrupted is
    finished before a new one starts;
 3. the other ready nodes that may go (idle, or drainable: the scale-down check found their
-   pods room elsewhere), those with the fewest pods to move first, newest first among
-   equals.
+   pods room elsewhere), those with the fewest pods to move first, then those idle longest
+   (where the caller knows since when, as Cluster Autoscaler removes the nodes unneeded
+   longest), newest first among equals.
 
 Ready nodes that may not go (real GPU jobs run there, their pods fit nowhere else, or a
 drain was blocked a moment ago) are never in the order. Nothing here knows Kubernetes.
@@ -32,6 +33,7 @@ class RemovalCandidate:
     removable: bool = True  # a ready node that is idle or drainable now
     cordoned_by_us: bool = False
     movable_pods: int = 0
+    idle_since: float | None = None  # when its last real job left, on any clock (None: unknown)
 
 
 def removal_order(
@@ -43,7 +45,11 @@ def removal_order(
     booting = [c for c in newest_first if c.booting]
     ready = sorted(  # stable: newest first among equals
         (c for c in newest_first if not c.booting and c.removable),
-        key=lambda c: (not c.cordoned_by_us, c.movable_pods),
+        key=lambda c: (
+            not c.cordoned_by_us,
+            c.movable_pods,
+            c.idle_since if c.idle_since is not None else float("inf"),
+        ),
     )
     order = booting + ready
     return order if count is None else order[: max(count, 0)]

@@ -50,6 +50,7 @@ from scaler.cluster.pools import NodePool
 from scaler.cluster.predicates import feasible
 from scaler.cluster.snapshot import ClusterState
 from scaler.cluster.templates import template_node
+from scaler.controller.removal_order import RemovalCandidate, removal_order
 from scaler.placement.decision import Placement, Unschedulable
 from scaler.placement.engine import place
 from scaler.placement.estimator import ScaleUpEstimate
@@ -864,8 +865,9 @@ def _fleet(groups: Groups, cluster: _SimCluster, at: datetime) -> FleetCapacity:
 
 
 def _apply(desired: Mapping[str, int], groups: Groups, cluster: _SimCluster, engine: Policy) -> int:
-    """Carry a plan out: grow a group, or delete booting nodes (newest first) and then the
-    nodes idle longest that the scale-down check lets go. Returns the groups changed."""
+    """Carry a plan out: grow a group, or take nodes out in the loop's removal order
+    (`removal_order`: booting ones newest first, then idle ones idle longest), a ready
+    node only if the scale-down check lets it go. Returns the groups changed."""
     changed = 0
     for name, size in desired.items():
         group = groups[name]
@@ -874,15 +876,21 @@ def _apply(desired: Mapping[str, int], groups: Groups, cluster: _SimCluster, eng
             group.increase_size(delta)
             changed += 1
         elif delta < 0:
-            booting = sorted(
-                (n for n in group.nodes() if n.status == NodeStatus.BOOTING),
-                key=lambda n: n.launched_at,
-                reverse=True,
+            idle = {cluster.node_in[s]: s for s in cluster.idle(name)}
+            order = removal_order(
+                RemovalCandidate(
+                    n.name,
+                    n.launched_at,
+                    booting=n.status == NodeStatus.BOOTING,
+                    removable=n.name in idle,
+                    idle_since=cluster.idle_since.get(idle[n.name]) if n.name in idle else None,
+                )
+                for n in group.nodes()
             )
-            victims = [n.name for n in booting][:-delta]
-            idle = cluster.idle(name) if len(victims) < -delta else []
-            if idle:
-                checks = check_removals(cluster.state, idle[: -delta - len(victims)], engine)
+            victims = [str(c.key) for c in order if c.booting][:-delta]
+            ready = [idle[str(c.key)] for c in order if not c.booting]
+            if ready and len(victims) < -delta:
+                checks = check_removals(cluster.state, ready[: -delta - len(victims)], engine)
                 victims += [
                     cluster.node_in[cluster.state.node_index(c.node)] for c in checks if c.removable
                 ]
