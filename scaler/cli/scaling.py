@@ -554,11 +554,17 @@ def simulate(
         from scaler.evaluation.job_simulator import JOB_LEVEL_TARGET_SHORTAGE
 
         target_shortage = JOB_LEVEL_TARGET_SHORTAGE
+    from scaler.evaluation.simulate import simulate_jobs, simulate_trace
+
     policy = _load_policy(None, mode, target_shortage)
     if synthetic:
-        summary = _simulate_jobs(out, policy, model, workload, seed, days, boot_minutes, queue)
+        summary = simulate_jobs(
+            out, policy, _model_factory(model), workload, seed, days, boot_minutes, queue
+        )
     else:
-        summary = _simulate_trace(out, trace, policy, model, lag, split, gpus_per_node, knobs)
+        summary = simulate_trace(
+            out, trace, policy, _model_factory(model), lag, split, gpus_per_node, knobs
+        )
     text = json.dumps(summary, indent=2, default=jsonable)
     write_text(out / "summary.json", text)
     if as_json:
@@ -611,107 +617,3 @@ def _cell(value: object) -> str:
     if isinstance(value, float):
         return f"{value:,.0f}" if abs(value) >= 1000 else f"{value:.4g}"
     return str(value)
-
-
-def _simulate_trace(
-    out: Path,
-    spec: str,
-    policy: PlannerPolicy,
-    model: str,
-    lag: int,
-    split: str | None,
-    gpus_per_node: int | None,
-    knobs: list[float] | None,
-) -> dict[str, object]:
-    from rich.console import Console
-    from rich.progress import track
-
-    from predictor.data.loaders import load_trace
-    from predictor.foundation.errors import InputError
-    from scaler.evaluation.scaling_bench import (
-        BenchSettings,
-        baseline_runs,
-        planner_run,
-        prepare_trace,
-        summarize,
-        sweep_runs,
-    )
-    from scaler.evaluation.scaling_plots import fleet_plot, frontier_plot
-
-    trace = load_trace(
-        spec, split=split, unit="gpus" if gpus_per_node and spec.startswith("series:") else None
-    )
-    settings = BenchSettings(lags=(lag,), gpus_per_node=gpus_per_node, policy=policy)
-    prepared = prepare_trace(trace, _model_factory(model), settings)
-    if not prepared.series:
-        raise InputError("the trace has no series with both training and test data", path=spec)
-    item = prepared.series[0]
-    baselines = baseline_runs(item, lag)
-    sweeps = sweep_runs(item, lag)
-    ours = planner_run(item, lag, policy)
-    frontier = {}
-    out.mkdir(parents=True, exist_ok=True)  # once the inputs are read: none left on bad ones
-    knob_values = sorted(set(knobs or [0.001, 0.003, 0.01, 0.03, 0.1]))
-    # on stderr: stdout carries the table or the --json document
-    for knob in track(knob_values, description="knob", console=Console(stderr=True)):
-        frontier[knob] = planner_run(item, lag, policy.model_copy(update={"target_shortage": knob}))
-    pictures = [
-        fleet_plot([*baselines, ours], out / "fleet.png"),
-        frontier_plot(frontier, [*baselines, *sweeps], out / "frontier.png"),
-    ]
-    swept = [o.row() for o in sweeps]
-    points = [v.row() for v in frontier.values()]
-    return {
-        "title": f"{item.series.trace} {item.series.series}, L = {lag}",
-        "rows": [o.row() for o in (*baselines, ours)],
-        "sweeps": swept,
-        "frontier": [{"target_shortage": k, **v} for k, v in zip(frontier, points, strict=True)],
-        "matched": summarize([*(o.row() for o in baselines), *swept, *points]),
-        "pictures": [str(p) for p in pictures],
-    }
-
-
-def _simulate_jobs(
-    out: Path,
-    policy: PlannerPolicy,
-    model: str,
-    workload: Path | None,
-    seed: int,
-    days: float,
-    boot_minutes: float,
-    queue: str = "fifo",
-) -> dict[str, object]:
-
-    from scaler.evaluation.job_simulator import WARMUP, compare_on_workload
-    from scaler.evaluation.scaling_plots import jobs_plot
-    from scaler.evaluation.synthetic import generate, load_config, with_boot
-
-    generated = generate(load_config(workload), seed=seed, days=days)
-    pools = with_boot(generated.pools, boot_minutes)
-    # The first half fits the model (less the warm-up), the second half is scored.
-    half = (generated.end - generated.start) / 2
-    start = generated.start + half
-    comparison = compare_on_workload(
-        generated.jobs,
-        generated.demand,
-        pools,
-        _model_factory(model)(),
-        start=start,
-        end=generated.end,
-        warmup=min(WARMUP, half / 2),
-        policy=policy,
-        queue=queue,
-    )
-    rows = comparison.rows()
-    reactive, predictive = rows
-    out.mkdir(parents=True, exist_ok=True)  # once the inputs are read: none left on bad ones
-    placement = comparison.reactive.placement
-    return {
-        "title": f"job-level, synthetic seed {seed}, boot {boot_minutes:g} min, from {start};"
-        f" placement {placement}, queue {queue}",
-        "placement": {"policy": placement, "queue": queue},
-        "rows": rows,
-        "gpu_hours_extra": predictive["gpu_hours"] / reactive["gpu_hours"] - 1,
-        "p95_wait_cut_min": reactive["wait_p95_min"] - predictive["wait_p95_min"],
-        "pictures": [str(jobs_plot(comparison, out / "jobs.png"))],
-    }
