@@ -7,13 +7,14 @@ the GPUs too small for m. A CPU-only shape cannot use any GPU, so for it every f
 counts. A node's fragmentation is the popularity-weighted sum over the typical mix.
 
 How it is made fast: only a few numbers of a node matter for a shape of share v and count
-k: `cnt_v` (GPUs with free >= v) and `low_v` (sum of free shares < v), for each distinct
-share v of the mix. Shapes with the same (share, count, models) form a group whose members
-differ only in CPU; sorted by CPU, the popularity of the members that fit is a cumulative
-table lookup. So a node's fragmentation is a short sum over groups, and the state after a
-candidate placement is obtained from the current `cnt`/`low` by a closed-form update
-instead of a recount. The current values are cached per node and refreshed only for nodes
-whose `version` changed.
+k: `cnt_v` (GPUs with free >= v) and `high_v` (sum of the free shares >= v, what such a
+shape can use), for each share v of the mix. Shapes with the same (share, count, models)
+form a group whose members differ only in CPU; sorted by CPU, the popularity of the
+members that fit is a cumulative table lookup. So a node's fragmentation is a short sum
+over groups, and the state after a candidate placement is obtained from the current
+`cnt`/`high` by a closed-form update instead of a recount. The current values are cached
+per node (one row of counts per node, summed from a per-free-share table) and refreshed
+only for nodes whose `version` changed, when a placement asks for them.
 """
 
 from __future__ import annotations
@@ -29,27 +30,29 @@ from scaler.placement.mix import WorkloadMix
 
 @dataclass
 class NodeFragments:
-    """Cached per-node inputs and result of the fragmentation measure, by shape group g:
-    `cnt[n, g]` GPUs whose free share reaches g's share, `low[n, g]` the free shares below
-    it. A copy shares the arrays until either side refreshes a node (copy on write):
-    what-if copies of a state (gangs, preemption, scale-down checks) mostly read them."""
+    """Cached per-node inputs and result of the fragmentation measure. Row n of `counts`
+    is node n's `cnt` per shape group, then its `high` per group, then its free GPU total
+    (`FragmentationModel.split` names the parts). A copy shares the arrays until either
+    side refreshes a node (copy on write): what-if copies of a state (gangs, preemption,
+    scale-down checks) mostly read them."""
 
     version: np.ndarray
-    cnt: np.ndarray
-    low: np.ndarray
-    total: np.ndarray
+    counts: np.ndarray
     frag: np.ndarray
     shared: bool = False
 
     def copy(self) -> NodeFragments:
         self.shared = True
-        return NodeFragments(self.version, self.cnt, self.low, self.total, self.frag, True)
+        return NodeFragments(self.version, self.counts, self.frag, True)
 
     def own(self) -> None:
         """Take private arrays before writing, if they are shared with a copy."""
         if self.shared:
-            self.version, self.cnt, self.low = self.version.copy(), self.cnt.copy(), self.low.copy()
-            self.total, self.frag = self.total.copy(), self.frag.copy()
+            self.version, self.counts, self.frag = (
+                self.version.copy(),
+                self.counts.copy(),
+                self.frag.copy(),
+            )
             self.shared = False
 
 
@@ -97,6 +100,12 @@ class FragmentationModel:
         self._access: dict[tuple[str, ...], np.ndarray] = {}
         self._weights: dict[tuple[str, ...], np.ndarray] = {}
         self._cache_key = ("fragments", id(self))
+        # by_share[v]: what one GPU with free share v adds to a node's row of counts.
+        share = np.arange(WHOLE_GPU_MILLI + 1)[:, None]
+        usable = share >= self.group_milli[None, :]
+        self.by_share = np.hstack([usable, np.where(usable, share, 0), share]).astype(np.int64)
+        # What taking k idle GPUs takes off a row of counts (they count for every group).
+        self._taken: dict[int, np.ndarray] = {}
 
     # ------------------------------------------------------------------ evaluation
     def access(self, models: list[str]) -> np.ndarray:
@@ -120,20 +129,21 @@ class FragmentationModel:
             self._weights[key] = table
         return table
 
-    def counts(self, gpu_free: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-        """cnt[r, g], low[r, g] and total[r] for rows of free GPU shares."""
-        free = gpu_free[:, :, None]
-        below = free < self.group_milli[None, None, :]
-        cnt = (~below).sum(axis=1)
-        low = np.where(below, free, 0).sum(axis=1)
-        return cnt, low, gpu_free.sum(axis=1)
+    def counts(self, gpu_free: np.ndarray) -> np.ndarray:
+        """Rows of counts (see `NodeFragments`) for rows of free GPU shares."""
+        return self.by_share[gpu_free].sum(axis=1)
+
+    def split(self, counts: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """The `cnt`, `high` and total parts of rows of counts (views)."""
+        groups = self.group_count.size
+        return counts[:, :groups], counts[:, groups : 2 * groups], counts[:, 2 * groups]
 
     def evaluate(
         self,
         cpu_free: np.ndarray,
         model_id: np.ndarray,
         cnt: np.ndarray,
-        low: np.ndarray,
+        high: np.ndarray,
         total: np.ndarray,
         weights: np.ndarray,
     ) -> np.ndarray:
@@ -141,38 +151,32 @@ class FragmentationModel:
         level = np.searchsorted(self.cpu_levels, cpu_free, side="right")
         weight = weights[model_id, level]
         weight *= cnt >= self.group_count
-        usable = total[:, None] - low
-        return total - np.einsum("ij,ij->i", weight, usable)
+        return total - np.einsum("ij,ij->i", weight, high)
 
-    def node_fragments(self, state: ClusterState) -> NodeFragments:
-        """The cached per-node values for `state`, refreshed where nodes changed."""
+    def node_fragments(self, state: ClusterState, nodes: np.ndarray | None = None) -> NodeFragments:
+        """The cached per-node values for `state`, refreshed where nodes changed: all of
+        them, or only `nodes` (the rest stay as they were, to refresh when asked for)."""
         key = self._cache_key
         cache: NodeFragments | None = state.derived.get(key)
         if cache is None:
-            cnt, low, total = self.counts(state.gpu_free)
-            cache = NodeFragments(
-                version=state.version.copy(),
-                cnt=cnt,
-                low=low,
-                total=total,
-                frag=self.evaluate(
-                    state.cpu_free, state.model_id, cnt, low, total, self.weights(state.models)
-                ),
+            cache = state.derived[key] = NodeFragments(
+                version=np.full(state.size, -1),  # never computed
+                counts=np.zeros((state.size, self.by_share.shape[1]), dtype=np.int64),
+                frag=np.zeros(state.size),
             )
-            state.derived[key] = cache
-            return cache
-        stale = (cache.version != state.version).nonzero()[0]
+        if nodes is None:
+            stale = (cache.version != state.version).nonzero()[0]
+        else:
+            stale = nodes[cache.version[nodes] != state.version[nodes]]
         if stale.size:
             cache.own()
-            cnt, low, total = self.counts(state.gpu_free[stale])
-            cache.cnt[stale], cache.low[stale], cache.total[stale] = cnt, low, total
+            counts = self.counts(state.gpu_free[stale])
+            cache.counts[stale] = counts
             cache.version[stale] = state.version[stale]
             cache.frag[stale] = self.evaluate(
                 state.cpu_free[stale],
                 state.model_id[stale],
-                cnt,
-                low,
-                total,
+                *self.split(counts),
                 self.weights(state.models),
             )
         return cache
@@ -180,33 +184,41 @@ class FragmentationModel:
     def candidates(self, state: ClusterState, job: Job, nodes: np.ndarray) -> Candidates:
         """Fragmentation before/after placing `job` on each feasible node (and, for a
         GPU-sharing job, on each GPU of distinct free share that can hold it)."""
-        cache = self.node_fragments(state)
+        cache = self.node_fragments(state, nodes)
         if job.is_sharing:
             node, gpu = sharing_slots(state, job, nodes)
+            cnt, high, total = self.split(cache.counts[node])
             free = state.gpu_free[node, gpu][:, None]
             share = self.group_milli[None, :]
             d = job.gpu_milli
             was_low = free < share
             becomes_low = ~was_low & (free - d < share)
-            cnt = cache.cnt[node] - becomes_low
-            low = cache.low[node] - np.where(was_low, d, 0) + np.where(becomes_low, free - d, 0)
-            total = cache.total[node] - d
+            cnt = cnt - becomes_low
+            high = high - np.where(was_low, 0, d) - np.where(becomes_low, free - d, 0)
+            total = total - d
         else:
             node = nodes
             gpu = np.full(node.size, -1)
-            taken = job.num_gpu * WHOLE_GPU_MILLI if job.num_gpu else 0
-            cnt = cache.cnt[node] - job.num_gpu
-            low = cache.low[node]
-            total = cache.total[node] - taken
+            cnt, high, total = self.split(cache.counts[node] - self.taken(job.num_gpu))
         after = self.evaluate(
             state.cpu_free[node] - job.cpu_milli,
             state.model_id[node],
             cnt,
-            low,
+            high,
             total,
             self.weights(state.models),
         )
         return Candidates(node, gpu, cache.frag[node], after, total)
+
+    def taken(self, gpus: int) -> np.ndarray:
+        """What `gpus` idle GPUs placed on take off a row of counts."""
+        row = self._taken.get(gpus)
+        if row is None:
+            groups = self.group_count.size
+            whole = gpus * WHOLE_GPU_MILLI
+            row = np.array([gpus] * groups + [whole] * groups + [whole], dtype=np.int64)
+            self._taken[gpus] = row
+        return row
 
 
 def sharing_slots(
