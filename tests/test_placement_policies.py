@@ -105,6 +105,37 @@ def test_cached_fragmentation_follows_changes() -> None:
     )
 
 
+@pytest.mark.parametrize("name", ["fgd", "gpuscale"])
+def test_memoised_scores_choose_as_a_fresh_policy(name: str) -> None:
+    """Scores memoised per node version, per node state (jobs leave, nodes come back to
+    earlier states) and across copies of a state give the choices of a policy that has
+    nothing memoised."""
+    rng = np.random.default_rng(7)
+    state = random_state(6)
+    policy = make_policy(name, mix=MIX, seed=3)
+    running: list[str] = []
+    placed = 0
+    for k in range(300):
+        if running and rng.random() < 0.45:
+            state.release(running.pop(int(rng.integers(len(running)))))
+            continue
+        share = int(rng.choice([0, 250, 500, 1000]))
+        gpus = 0 if share == 0 else (int(rng.choice([1, 2])) if share == 1000 else 1)
+        new = job(f"m{k}", float(rng.choice([1, 2, 4])), gpus=gpus, share=share)
+        fresh = state.copy()
+        fresh.derived.clear()
+        expected = place(fresh, new, make_policy(name, mix=MIX, seed=3))
+        decision = place(state, new, policy)
+        assert decision == expected
+        if isinstance(decision, Placement):
+            run(state, new, decision)
+            running.append(new.id)
+            placed += 1
+        if k % 25 == 0:
+            state = state.copy()  # a what-if copy shares the memoised arrays until written
+    assert placed > 100
+
+
 def test_workload_mix_keeps_the_popular_shapes() -> None:
     jobs = [job(f"a{i}", 4, gpus=1) for i in range(90)] + [
         job(f"b{i}", 2, gpus=1, share=500) for i in range(9)

@@ -26,10 +26,18 @@ from scaler.cluster.job import WHOLE_GPU_MILLI, Job
 from scaler.cluster.snapshot import ClusterState
 
 Choice = tuple[int, tuple[int, ...]]
-# (scores, GPU index or -1) of each given node for a job; must depend on that node alone.
+# (scores, GPU index or -1) of each given node for a job; must depend on that node alone,
+# and of it only on what `node_states` names.
 NodeScorer = Callable[[ClusterState, Job, np.ndarray], tuple[np.ndarray, np.ndarray]]
+NodeState = tuple[str, int, int, bytes]  # GPU model, free CPU, free memory, free GPU shares
 # Memoised job shapes per state before the memo is reset (a service sees unbounded shapes).
 MAX_CACHED_SHAPES = 1024
+# Scores memoised per (job shape, node state) before that memo is reset.
+MAX_CACHED_NODE_STATES = 1 << 16
+# Most nodes scored at once through the node-state memo: its keys cost a little per node,
+# so a larger batch (a shape new to a cluster, or a cluster that only fills, as in the
+# placement bench, where nodes seldom return to a state) is scored as one array instead.
+MAX_MEMO_BATCH = 4
 # Tie-break orders kept per cluster size before they are dropped (each is cheap to redo).
 MAX_CACHED_SIZES = 64
 
@@ -70,6 +78,10 @@ class Policy(ABC):
         # By cluster size: one policy places on states of several sizes in turn (the job
         # simulator's cluster, the estimator's pool templates).
         self._orders: dict[int, np.ndarray] = {}
+        # (job shape, node state) -> (score, GPU): nodes keep coming back to the same
+        # state (empty, one job of a kind, ...), in one cluster and across what-if copies
+        # and pool templates, so most nodes to score again were scored so before.
+        self._by_node_state: dict[tuple[tuple[object, ...], NodeState], tuple[float, int]] = {}
 
     @abstractmethod
     def choose(self, state: ClusterState, job: Job, nodes: np.ndarray) -> Choice:
@@ -89,27 +101,51 @@ class Policy(ABC):
         self, state: ClusterState, job: Job, nodes: np.ndarray, scorer: NodeScorer
     ) -> tuple[np.ndarray, np.ndarray]:
         """`scorer` on `nodes`, memoised per job shape and node version, so after a
-        placement only the changed node is scored again for each shape."""
-        key = (id(self), *self.shape_key(job))
+        placement only the changed node is scored again for each shape; and a few nodes
+        to score again are looked up by their state first."""
+        shape = self.shape_key(job)
+        key = (id(self), *shape)
         entry: NodeScores | None = state.derived.get(key)
         if entry is None:
             if len(state.derived) >= MAX_CACHED_SHAPES:
                 state.derived.clear()
-            # A shape new to this state (the common case: shapes vary more than nodes)
-            # is scored on `nodes` and answered without reading the memo back.
-            score, gpu = scorer(state, job, nodes)
             size = state.size
             entry = NodeScores(np.full(size, -1), np.zeros(size), np.full(size, -1))
-            entry.score[nodes], entry.gpu[nodes] = score, gpu
-            entry.version[nodes] = state.version[nodes]
             state.derived[key] = entry
-            return np.asarray(score, dtype=entry.score.dtype), np.asarray(gpu, entry.gpu.dtype)
-        stale = nodes[entry.version[nodes] != state.version[nodes]]
+            stale = nodes
+        else:
+            stale = nodes[entry.version[nodes] != state.version[nodes]]
         if stale.size:
             entry.own()
-            entry.score[stale], entry.gpu[stale] = scorer(state, job, stale)
+            if stale.size <= MAX_MEMO_BATCH:
+                entry.score[stale], entry.gpu[stale] = self._by_state(
+                    state, job, shape, stale, scorer
+                )
+            else:
+                entry.score[stale], entry.gpu[stale] = scorer(state, job, stale)
             entry.version[stale] = state.version[stale]
         return entry.score[nodes], entry.gpu[nodes]
+
+    def _by_state(
+        self,
+        state: ClusterState,
+        job: Job,
+        shape: tuple[object, ...],
+        nodes: np.ndarray,
+        scorer: NodeScorer,
+    ) -> tuple[list[float], list[int]]:
+        """Scores and GPUs of `nodes`, from the node-state memo where known."""
+        memo = self._by_node_state
+        if len(memo) >= MAX_CACHED_NODE_STATES:
+            memo.clear()
+        keys = [(shape, node) for node in node_states(state, nodes)]
+        missing = [i for i, k in enumerate(keys) if k not in memo]
+        if missing:
+            score, gpu = scorer(state, job, nodes[missing])
+            for i, s, g in zip(missing, score.tolist(), gpu.tolist(), strict=True):
+                memo[keys[i]] = (s, g)
+        found = [memo[k] for k in keys]
+        return [s for s, _ in found], [g for _, g in found]
 
     def rank(self, size: int) -> np.ndarray:
         """rank[n]: position of node n in this policy's seeded tie-break order."""
@@ -124,6 +160,26 @@ class Policy(ABC):
         """The node with the highest score; ties go to the first in the seeded order."""
         best = nodes[scores == scores.max()]
         return int(best[np.argmin(self.rank(state.size)[best])])
+
+
+def node_states(state: ClusterState, nodes: np.ndarray) -> list[NodeState]:
+    """What a node-local scorer may read of each node: its GPU model, free CPU and memory,
+    and free GPU shares (by index)."""
+    models = state.models
+    rows = state.gpu_free[nodes]
+    width = rows.shape[1] * rows.itemsize
+    raw = rows.tobytes()
+    return [
+        (models[m] if m >= 0 else "", cpu, mem, raw[i * width : (i + 1) * width])
+        for i, (m, cpu, mem) in enumerate(
+            zip(
+                state.model_id[nodes].tolist(),
+                state.cpu_free[nodes].tolist(),
+                state.mem_free[nodes].tolist(),
+                strict=True,
+            )
+        )
+    ]
 
 
 def best_fit_gpus(state: ClusterState, job: Job, node: int) -> tuple[int, ...]:
