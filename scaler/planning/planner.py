@@ -337,17 +337,18 @@ def _group_need(
 ) -> tuple[GroupNeed, GroupMemory]:
     observed = float(outlook.observed)
     window = max(policy.unneeded_steps, 2)
-    recent = (*old.recent, observed)[-window:]
+    recent = (*old.recent[1 - window :], observed)
     if policy.mode == "reactive":
         # Cluster Autoscaler: add what was seen unmet; a node goes only once it has been
         # unneeded for the whole unneeded time.
         keep = max(recent[-max(policy.unneeded_steps, 1) :])
+        # Positional: the minute loops build three of these a minute.
         need = GroupNeed(
             outlook.group,
-            add_to=observed,
-            keep=keep,
-            reason=f"reactive: demand seen {observed:g}, peak over unneeded time {keep:g}",
-            inputs={"observed": observed, "unneeded_peak": keep},
+            observed,
+            keep,
+            f"reactive: demand seen {observed:g}, peak over unneeded time {keep:g}",
+            {"observed": observed, "unneeded_peak": keep},
         )
         return need, old.with_recent(recent)
 
