@@ -29,7 +29,7 @@ Choice = tuple[int, tuple[int, ...]]
 # (scores, GPU index or -1) of each given node for a job; must depend on that node alone,
 # and of it only on what `node_states` names.
 NodeScorer = Callable[[ClusterState, Job, np.ndarray], tuple[np.ndarray, np.ndarray]]
-NodeState = tuple[str, int, int, bytes]  # GPU model, free CPU, free memory, free GPU shares
+NodeState = tuple[str | None, int, int, bytes]  # GPU model (None: no GPU), free CPU, memory, GPUs
 # Memoised job shapes per state before the memo is reset (a service sees unbounded shapes).
 MAX_CACHED_SHAPES = 1024
 # Scores memoised per (job shape, node state) before that memo is reset.
@@ -170,7 +170,7 @@ def node_states(state: ClusterState, nodes: np.ndarray) -> list[NodeState]:
     width = rows.shape[1] * rows.itemsize
     raw = rows.tobytes()
     return [
-        (models[m] if m >= 0 else "", cpu, mem, raw[i * width : (i + 1) * width])
+        (models[m] if m >= 0 else None, cpu, mem, raw[i * width : (i + 1) * width])
         for i, (m, cpu, mem) in enumerate(
             zip(
                 state.model_id[nodes].tolist(),
