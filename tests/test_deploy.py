@@ -2,10 +2,9 @@
 exactly the API calls the code makes, its config loads, and the Dockerfile builds a non-root
 image whose entry point is the CLI.
 
-helm is not installable here, so the chart keeps to a subset of the template language that
-`render` below implements exactly: `{{ .Values.a.b }}`, `{{ .Values.a.b | toJson }}`,
-`{{ .Values.a.b | quote }}` and `{{ .Release.Namespace }}`. Anything else in a template fails
-the test, so `helm template` gives the same manifests.
+The chart is rendered by Helm v4's own engine (helm-python-sdk bundles Helm's Go SDK as a
+native library), as `helm template` renders it: values coalesced with values.yaml and checked
+against values.schema.json, then every template through Helm's template functions.
 """
 
 from __future__ import annotations
@@ -16,51 +15,54 @@ import re
 import shlex
 import shutil
 import subprocess
+from collections.abc import Iterable
 from functools import partial
 from pathlib import Path
 from typing import Any
 
+import helm_python as helm
 import pytest
 import yaml
+from helm_python import _native
 
 from scaler.kube.permissions import API_CALLS, COMPONENT_MODULES, Permission
 
 ROOT = Path(__file__).resolve().parents[1]
 CHART = ROOT / "deploy" / "helm" / "gpuscale"
+RELEASE = "gpuscale"
 NAMESPACE = "gpuscale-system"
 KUBE_VERSION = "1.30.0"
-_ACTION = re.compile(r"{{-?\s*(.*?)\s*-?}}")
 
 
-def render(template: str, values: dict[str, Any], namespace: str = NAMESPACE) -> str:
-    def one(match: re.Match[str]) -> str:
-        expr, _, pipe = (part.strip() for part in match.group(1).partition("|"))
-        if expr == ".Release.Namespace":
-            value: Any = namespace
-        elif expr.startswith(".Values."):
-            value = values
-            for key in expr.removeprefix(".Values.").split("."):
-                value = value[key]
-        else:
-            raise AssertionError(f"template action outside the supported subset: {match[0]}")
-        if pipe == "toJson":
-            return json.dumps(value, separators=(",", ":"))
-        if pipe == "quote":
-            return json.dumps(str(value))
-        assert not pipe, f"unsupported pipeline: {match[0]}"
-        assert not isinstance(value, dict | list), f"{expr} needs | toJson"
-        return str(value).lower() if isinstance(value, bool) else str(value)
+def render(
+    values: dict[str, Any] | None = None,
+    *,
+    release: str = RELEASE,
+    api_versions: Iterable[str] = (),
+) -> dict[str, str]:
+    """Template path -> rendered text, as `helm template RELEASE deploy/helm/gpuscale -n
+    NAMESPACE --kube-version KUBE_VERSION --api-versions ...` gives it. `values` are what a
+    user passes (-f / --set); Helm merges them over values.yaml."""
+    options = {
+        "name": release,
+        "namespace": NAMESPACE,
+        "kube_version": f"v{KUBE_VERSION}",
+        "api_versions": list(api_versions),
+    }
+    with helm.Chart.load(CHART) as chart:
+        # Chart.render passes the release name and namespace only; the library's helm_render
+        # also takes the Kubernetes version and API versions the capabilities report.
+        text = _native.call_string(
+            "helm_render", chart._raw(), json.dumps(values or {}), json.dumps(options)
+        )
+    return json.loads(text)
 
-    return _ACTION.sub(one, template)
 
-
-def manifests(values: dict[str, Any] | None = None) -> list[dict[str, Any]]:
-    vals = values or yaml.safe_load((CHART / "values.yaml").read_text())
+def manifests(values: dict[str, Any] | None = None, **options: Any) -> list[dict[str, Any]]:
     docs = []
-    for path in sorted((CHART / "templates").glob("*.yaml")):
-        for doc in yaml.safe_load_all(render(path.read_text(), vals)):
-            if doc:
-                docs.append(doc)
+    for path, text in sorted(render(values, **options).items()):
+        if path.endswith(".yaml"):
+            docs.extend(doc for doc in yaml.safe_load_all(text) if doc)
     return docs
 
 
