@@ -15,8 +15,9 @@ import re
 import shlex
 import shutil
 import subprocess
-from collections.abc import Iterable
-from functools import partial
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass
+from functools import cache, partial
 from pathlib import Path
 from typing import Any
 
@@ -25,6 +26,8 @@ import pytest
 import yaml
 from helm_python import _native
 
+from scaler.cluster.pools import NodePool
+from scaler.controller.config import LiveConfig, load_live_config
 from scaler.kube.permissions import API_CALLS, COMPONENT_MODULES, Permission
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -32,6 +35,9 @@ CHART = ROOT / "deploy" / "helm" / "gpuscale"
 RELEASE = "gpuscale"
 NAMESPACE = "gpuscale-system"
 KUBE_VERSION = "1.30.0"
+
+
+MONITORING = "monitoring.coreos.com/v1/ServiceMonitor"
 
 
 def render(
@@ -42,7 +48,8 @@ def render(
 ) -> dict[str, str]:
     """Template path -> rendered text, as `helm template RELEASE deploy/helm/gpuscale -n
     NAMESPACE --kube-version KUBE_VERSION --api-versions ...` gives it. `values` are what a
-    user passes (-f / --set); Helm merges them over values.yaml."""
+    user passes (-f / --set); Helm merges them over values.yaml and checks the result
+    against values.schema.json."""
     options = {
         "name": release,
         "namespace": NAMESPACE,
@@ -70,32 +77,128 @@ def by_kind(docs: list[dict[str, Any]], kind: str) -> dict[str, dict[str, Any]]:
     return {d["metadata"]["name"]: d for d in docs if d["kind"] == kind}
 
 
-@pytest.fixture(scope="module")
+@dataclass(frozen=True)
+class Setup:
+    """One way a team runs gpuscale (a section of deploy/README.md): the values it sets and
+    the custom resources its cluster serves."""
+
+    values: dict[str, Any]
+    api_versions: tuple[str, ...] = (MONITORING,)
+
+
+SETUPS = {
+    "nodegroups": Setup({}),
+    "nodegroups-no-preposition": Setup({"prePosition": "none"}),
+}
+
+
+@cache
+def _rendered(name: str) -> str:
+    setup = SETUPS[name]
+    return json.dumps(manifests(setup.values, api_versions=setup.api_versions))
+
+
+def setup_docs(name: str) -> list[dict[str, Any]]:
+    return json.loads(_rendered(name))  # a fresh copy: tests may change it
+
+
+@pytest.fixture
 def docs() -> list[dict[str, Any]]:
-    return manifests()
+    return setup_docs("nodegroups")
 
 
-def test_chart_renders_to_valid_kubernetes_objects(docs: list[dict[str, Any]]) -> None:
+def live_config(docs: list[dict[str, Any]], tmp_path: Path) -> LiveConfig:
+    data = by_kind(docs, "ConfigMap")["gpuscale-config"]["data"]
+    for name, text in data.items():
+        (tmp_path / name).write_text(text)
+    return load_live_config(tmp_path / "live.yaml")
+
+
+@pytest.mark.parametrize("setup", sorted(SETUPS))
+def test_chart_renders_to_valid_kubernetes_objects(setup: str) -> None:
     import kubernetes_validate
 
-    kinds = sorted({d["kind"] for d in docs})
-    assert {"DaemonSet", "Deployment", "PriorityClass", "ServiceMonitor", "Secret"} <= set(kinds)
+    docs = setup_docs(setup)
+    kinds = {d["kind"] for d in docs}
+    assert {"DaemonSet", "Deployment", "ServiceMonitor", "Secret", "ConfigMap"} <= kinds
     for doc in docs:
         if doc["apiVersion"].startswith("monitoring.coreos.com/"):
             continue  # a CRD: no schema in the Kubernetes API; checked below
         kubernetes_validate.validate(doc, KUBE_VERSION, strict=True)
+        labels = doc["metadata"]["labels"]
+        assert labels["app.kubernetes.io/name"] == "gpuscale"
+        assert labels["app.kubernetes.io/instance"] == RELEASE
+        assert labels["app.kubernetes.io/managed-by"] == "Helm"
     (monitor,) = by_kind(docs, "ServiceMonitor").values()
     ports = {p["name"] for s in by_kind(docs, "Service").values() for p in s["spec"]["ports"]}
     assert {e["port"] for e in monitor["spec"]["endpoints"]} == ports
 
 
+def test_services_select_their_pods(docs: list[dict[str, Any]]) -> None:
+    pods = {
+        name: w["spec"]["template"]["metadata"]["labels"]
+        for name, w in (by_kind(docs, "Deployment") | by_kind(docs, "DaemonSet")).items()
+    }
+    for name, workload in (by_kind(docs, "Deployment") | by_kind(docs, "DaemonSet")).items():
+        assert workload["spec"]["selector"]["matchLabels"].items() <= pods[name].items()
+    for service in by_kind(docs, "Service").values():
+        chosen = [
+            n for n, labels in pods.items() if service["spec"]["selector"].items() <= labels.items()
+        ]
+        assert len(chosen) == 1, service["metadata"]["name"]
+
+
+def test_service_monitor_only_where_the_cluster_serves_its_crd() -> None:
+    docs = manifests(api_versions=())
+    assert by_kind(docs, "ServiceMonitor") == {}
+    assert "no ServiceMonitor was made" in render()["gpuscale/templates/NOTES.txt"]
+
+
 def test_validator_rejects_a_broken_manifest(docs: list[dict[str, Any]]) -> None:
     import kubernetes_validate
 
-    broken = json.loads(json.dumps(by_kind(docs, "Deployment")["gpuscale-scaler"]))
+    broken = by_kind(docs, "Deployment")["gpuscale-scaler"]
     broken["spec"]["replicas"] = "two"
     with pytest.raises(kubernetes_validate.ValidationError):
         kubernetes_validate.validate(broken, KUBE_VERSION, strict=True)
+
+
+def test_helm_lint_finds_nothing_to_fix() -> None:
+    report = helm.lint(CHART, strict=True, namespace=NAMESPACE, kube_version=f"v{KUBE_VERSION}")
+    assert report["errors"] == []
+    # Severity 1 is advice (an icon for a chart repository); 2 and up are warnings and errors.
+    assert [m for m in report["messages"] if m["severity"] >= 2] == []
+
+
+@pytest.mark.parametrize(
+    ("values", "named"),
+    [
+        ({"actuator": "fargate"}, "/actuator"),
+        ({"prePosition": True}, "/prePosition"),
+        ({"scaler": {"replicas": "two"}}, "/scaler/replicas"),
+        (
+            {"pools": [{"name": "a100", "gpu_model": "A100", "gpus_per_node": 0}]},
+            "/pools/0/gpus_per_node",
+        ),
+        ({"service": {"port": 80_000}}, "/service/port"),
+        ({"sevice": {"port": 8080}}, "'sevice'"),
+    ],
+)
+def test_values_schema_refuses_a_bad_value_naming_it(values: dict[str, Any], named: str) -> None:
+    with pytest.raises(helm.HelmValuesError) as refused:
+        render(values)
+    assert named in str(refused.value)
+
+
+def test_values_schema_describes_a_pool_as_the_code_reads_it() -> None:
+    def untitled(schema: Any) -> Any:
+        if isinstance(schema, dict):
+            return {k: untitled(v) for k, v in schema.items() if k != "title"}
+        return [untitled(v) for v in schema] if isinstance(schema, list) else schema
+
+    schema = json.loads((CHART / "values.schema.json").read_text())
+    want = untitled(NodePool.model_json_schema())
+    assert schema["properties"]["pools"]["items"] == want, json.dumps(want, indent=2)
 
 
 def test_workloads_run_the_cli_hardened(docs: list[dict[str, Any]]) -> None:
@@ -132,18 +235,15 @@ def test_placeholder_priority_class_matches_the_code(docs: list[dict[str, Any]])
     assert made["metadata"]["name"] == expected["metadata"]["name"] == "gpuscale-placeholder"
     assert made["value"] == expected["value"] == -10
     assert made["preemptionPolicy"] == expected["preemptionPolicy"] == "Never"
+    assert by_kind(setup_docs("nodegroups-no-preposition"), "PriorityClass") == {}
 
 
 def test_config_map_loads_and_the_token_comes_from_the_secret(
     docs: list[dict[str, Any]], tmp_path: Path
 ) -> None:
     from predictor.telemetry.config import load_config
-    from scaler.controller.config import load_live_config
 
-    data = by_kind(docs, "ConfigMap")["gpuscale-config"]["data"]
-    for name, text in data.items():
-        (tmp_path / name).write_text(text)
-    live = load_live_config(tmp_path / "live.yaml")
+    live = live_config(docs, tmp_path)
     assert live.lease.namespace == NAMESPACE
     assert live.kubernetes is not None and live.kubernetes.placeholders.namespace == NAMESPACE
     assert load_config(tmp_path / "collector.yaml").kubernetes is not None
@@ -154,6 +254,20 @@ def test_config_map_loads_and_the_token_comes_from_the_secret(
     secret = {v["name"]: v for v in service["volumes"]}["token"]["secret"]["secretName"]
     assert str(live.service.token_file) == f"{mounts['token']}/token"
     assert "token" in by_kind(docs, "Secret")[secret]["stringData"]
+
+
+def test_another_release_names_its_objects_and_config_after_itself(tmp_path: Path) -> None:
+    docs = manifests({"serviceToken": "s3cret"}, release="prod")
+    names = {d["metadata"]["name"] for d in docs}
+    assert {"prod-gpuscale-scaler", "prod-gpuscale-placeholder", "prod-gpuscale-config"} <= names
+    data = by_kind(docs, "ConfigMap")["prod-gpuscale-config"]["data"]
+    (tmp_path / "live.yaml").write_text(data["live.yaml"])
+    live = load_live_config(tmp_path / "live.yaml")
+    assert live.lease.name == "prod-gpuscale-scaler"
+    assert live.kubernetes is not None
+    assert live.kubernetes.placeholders.priority_class == "prod-gpuscale-placeholder"
+    binding = by_kind(docs, "RoleBinding")["prod-gpuscale-scaler"]
+    assert binding["subjects"][0]["name"] == "prod-gpuscale-scaler"
 
 
 # ------------------------------------------------------------------ RBAC against the code
@@ -190,9 +304,25 @@ def code_calls() -> dict[str, set[str]]:
     return found
 
 
-def required(component: str, calls: dict[str, set[str]]) -> set[Permission]:
+# The modules a component runs only in some setups, and the test on its live.yaml saying
+# whether it does: gpuscale cordons and drains the nodes itself only where it sizes the node
+# groups; placeholder pods only where it pre-positions with them.
+RUNS_ONLY_WHEN: dict[str, Callable[[LiveConfig], bool]] = {
+    "scaler/kube/nodes.py": lambda live: live.provider.kind == "aws",
+    "scaler/kube/placeholders.py": lambda live: (
+        live.kubernetes is not None and bool(live.kubernetes.pre_position)
+    ),
+}
+
+
+def required(
+    component: str, calls: dict[str, set[str]], live: LiveConfig | None = None
+) -> set[Permission]:
     out: set[Permission] = set()
     for module in COMPONENT_MODULES[component]:
+        runs = RUNS_ONLY_WHEN.get(module)
+        if live is not None and runs is not None and not runs(live):
+            continue
         names = calls.get(module, set())
         for name in names - {"+watch"}:
             p = API_CALLS[name]
@@ -225,13 +355,16 @@ def test_every_kubernetes_call_in_the_code_is_in_the_permission_table() -> None:
     assert set(API_CALLS) - used == set(), "the table lists calls the code no longer makes"
     owned = {m for modules in COMPONENT_MODULES.values() for m in modules}
     assert set(calls) - owned == set(), "modules calling the API that no component runs"
+    assert set(RUNS_ONLY_WHEN) <= owned
 
 
+@pytest.mark.parametrize("setup", sorted(SETUPS))
 @pytest.mark.parametrize("component", sorted(COMPONENT_MODULES))
 def test_rbac_grants_exactly_what_the_code_calls(
-    docs: list[dict[str, Any]], component: str
+    setup: str, component: str, tmp_path: Path
 ) -> None:
-    want = required(component, code_calls())
+    docs = setup_docs(setup)
+    want = required(component, code_calls(), live_config(docs, tmp_path))
     name = f"gpuscale-{component}"
     have = granted(docs, "ClusterRole", name, "cluster") | granted(docs, "Role", name, "namespace")
     assert sorted(have) == sorted(want)
@@ -250,10 +383,9 @@ def test_rbac_grants_exactly_what_the_code_calls(
 
 
 def test_rbac_comparison_catches_an_extra_verb(docs: list[dict[str, Any]]) -> None:
-    extra = json.loads(json.dumps(docs))
-    role = by_kind(extra, "ClusterRole")["gpuscale-service"]
+    role = by_kind(docs, "ClusterRole")["gpuscale-service"]
     role["rules"].append({"apiGroups": [""], "resources": ["nodes"], "verbs": ["delete"]})
-    have = granted(extra, "ClusterRole", "gpuscale-service", "cluster")
+    have = granted(docs, "ClusterRole", "gpuscale-service", "cluster")
     assert have != required("service", code_calls())
 
 
