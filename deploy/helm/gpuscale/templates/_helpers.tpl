@@ -69,17 +69,58 @@ capabilities: {drop: [ALL]}
 {{- end -}}
 
 {{/*
+The custom resources a setup writes or reads. Where the cluster does not serve one the
+install fails here, naming its CRD, rather than leaving a scaler that fails every pass.
+`helm template` knows no cluster: give it `--api-versions <group/version/Kind>`.
+*/}}
+{{- define "gpuscale.requiredAPIs" -}}
+{{- $apis := list -}}
+{{- if eq .Values.prePosition "capacityBuffer" -}}
+{{- $apis = append $apis "autoscaling.x-k8s.io/v1beta1/CapacityBuffer" -}}
+{{- end -}}
+{{- if eq .Values.actuator "karpenter" -}}
+{{- $apis = append $apis "karpenter.sh/v1/NodePool" -}}
+{{- end -}}
+{{- if .Values.kueue.enabled -}}
+{{- $apis = append $apis "kueue.x-k8s.io/v1beta1/Workload" -}}
+{{- end -}}
+{{- range $apis -}}
+{{- if not ($.Capabilities.APIVersions.Has .) -}}
+{{- fail (printf "the cluster serves no %s: install its CRD first (deploy/README.md), or give helm template --api-versions %s" . .) -}}
+{{- end -}}
+{{- end -}}
+{{- end -}}
+
+{{/*
 live.yaml: the scaler's and the service's config (scaler/controller/config.py), built from
 the values. Other fields: GPUSCALE_* variables in scaler.extraEnv / service.extraEnv.
 */}}
 {{- define "gpuscale.liveConfig" -}}
+{{- $provider := dict "kind" "aws" "aws" .Values.aws -}}
+{{- if eq .Values.actuator "karpenter" -}}
+{{- $pools := list -}}
+{{- range .Values.karpenter.nodePools -}}
+{{- $pools = append $pools (dict "pool" .pool "node_pool" .nodePool) -}}
+{{- end -}}
+{{- $provider = dict "kind" "karpenter" "karpenter" (dict "node_pools" $pools) -}}
+{{- else if eq .Values.actuator "autoscaler" -}}
+{{- $provider = dict "kind" "autoscaler" -}}
+{{- end -}}
 {{- $placeholders := dict "namespace" .Release.Namespace "priority_class" (include "gpuscale.placeholderPriorityClass" .) -}}
+{{- $kubernetes := dict "pre_position" (eq .Values.prePosition "placeholders") "placeholders" $placeholders -}}
+{{- if eq .Values.prePosition "capacityBuffer" -}}
+{{- $_ := set $kubernetes "pre_position" "capacity-buffer" -}}
+{{- $_ := set $kubernetes "capacity_buffers" (dict "namespace" .Release.Namespace) -}}
+{{- end -}}
+{{- if .Values.kueue.enabled -}}
+{{- $_ := set $kubernetes "kueue" true -}}
+{{- end -}}
 {{- $live := dict
     "state_dir" "/var/lib/gpuscale"
     "reconcile_interval_s" .Values.scaler.intervalSeconds
     "pools" .Values.pools
-    "provider" (dict "kind" "aws" "aws" .Values.aws)
-    "kubernetes" (dict "pre_position" (eq .Values.prePosition "placeholders") "placeholders" $placeholders)
+    "provider" $provider
+    "kubernetes" $kubernetes
     "demand" (dict "metric" "gpu_demand" "stale_after_s" 300)
     "model" .Values.model
     "policy" .Values.policy
@@ -91,7 +132,11 @@ the values. Other fields: GPUSCALE_* variables in scaler.extraEnv / service.extr
 
 {{/* collector.yaml: the scaler pod's demand collector (predictor/telemetry/config.py). */}}
 {{- define "gpuscale.collectorConfig" -}}
-{{- toYaml (dict "interval_s" .Values.scaler.intervalSeconds "kubernetes" (dict)) -}}
+{{- $kubernetes := dict -}}
+{{- if .Values.kueue.enabled -}}
+{{- $_ := set $kubernetes "kueue" true -}}
+{{- end -}}
+{{- toYaml (dict "interval_s" .Values.scaler.intervalSeconds "kubernetes" $kubernetes) -}}
 {{- end -}}
 
 {{/* Pod annotations that roll the pods when their config changes. */}}
