@@ -300,6 +300,18 @@ def test_config_map_loads_and_the_token_comes_from_the_secret(
     assert "token" in by_kind(docs, "Secret")[secret]["stringData"]
 
 
+def test_the_cluster_naming_reaches_the_scaler_and_its_collector(tmp_path: Path) -> None:
+    from predictor.telemetry.config import load_config
+
+    names = {"poolLabel": "karpenter.sh/nodepool", "gpuResource": "amd.com/gpu"}
+    live = live_config(manifests({"kubernetes": names}), tmp_path)
+    collector = load_config(tmp_path / "collector.yaml").kubernetes
+    assert live.kubernetes is not None and collector is not None
+    for read in (live.kubernetes, collector):
+        assert (read.pool_label, read.gpu_resource) == ("karpenter.sh/nodepool", "amd.com/gpu")
+    assert live.kubernetes.placeholders.node_pool_label == "karpenter.sh/nodepool"
+
+
 def test_another_release_names_its_objects_and_config_after_itself(tmp_path: Path) -> None:
     docs = manifests({"serviceToken": "s3cret"}, release="prod")
     names = {d["metadata"]["name"] for d in docs}

@@ -91,6 +91,13 @@ install fails here, naming its CRD, rather than leaving a scaler that fails ever
 {{- end -}}
 {{- end -}}
 
+{{/* The cluster's naming conventions, as both live.yaml and collector.yaml take them. */}}
+{{- define "gpuscale.clusterNames" -}}
+pool_label: {{ .Values.kubernetes.poolLabel | quote }}
+gpu_resource: {{ .Values.kubernetes.gpuResource | quote }}
+gpu_model_label: {{ .Values.kubernetes.gpuModelLabel | quote }}
+{{- end -}}
+
 {{/*
 live.yaml: the scaler's and the service's config (scaler/controller/config.py), built from
 the values. Other fields: GPUSCALE_* variables in scaler.extraEnv / service.extraEnv.
@@ -107,7 +114,7 @@ the values. Other fields: GPUSCALE_* variables in scaler.extraEnv / service.extr
 {{- $provider = dict "kind" "autoscaler" -}}
 {{- end -}}
 {{- $placeholders := dict "namespace" .Release.Namespace "priority_class" (include "gpuscale.placeholderPriorityClass" .) -}}
-{{- $kubernetes := dict "pre_position" (eq .Values.prePosition "placeholders") "placeholders" $placeholders -}}
+{{- $kubernetes := merge (dict "pre_position" (eq .Values.prePosition "placeholders") "placeholders" $placeholders) (include "gpuscale.clusterNames" . | fromYaml) -}}
 {{- if eq .Values.prePosition "capacityBuffer" -}}
 {{- $_ := set $kubernetes "pre_position" "capacity-buffer" -}}
 {{- $_ := set $kubernetes "capacity_buffers" (dict "namespace" .Release.Namespace) -}}
@@ -132,7 +139,7 @@ the values. Other fields: GPUSCALE_* variables in scaler.extraEnv / service.extr
 
 {{/* collector.yaml: the scaler pod's demand collector (predictor/telemetry/config.py). */}}
 {{- define "gpuscale.collectorConfig" -}}
-{{- $kubernetes := dict -}}
+{{- $kubernetes := include "gpuscale.clusterNames" . | fromYaml -}}
 {{- if .Values.kueue.enabled -}}
 {{- $_ := set $kubernetes "kueue" true -}}
 {{- end -}}
