@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import shutil
+from collections.abc import Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Annotated
 
@@ -15,6 +16,7 @@ if TYPE_CHECKING:
     from rich.table import Table
 
     from scaler.evaluation.placement_bench import ExperimentResult
+    from scaler.evaluation.placement_bound import BoundResult
 
 Anchors = dict[tuple[str, str], tuple[float, float]]
 
@@ -63,6 +65,18 @@ def register(app: typer.Typer, bench: typer.Typer) -> None:
                 "(default: ../shared/anchors/fgd_openb_allocation.csv when present).",
             ),
         ] = None,
+        bound: Annotated[
+            bool,
+            typer.Option(
+                "--bound",
+                help="Add the ceiling's rows (policy bound): the most GPU share any "
+                "placement of each seed's arrived pods could allocate, from a MIP (HiGHS).",
+            ),
+        ] = False,
+        bound_seconds: Annotated[
+            float,
+            typer.Option("--bound-seconds", min=1.0, help="Time limit of one bound solve."),
+        ] = 60.0,
     ) -> None:
         """The FGD paper's workload-inflation experiment (BENCHMARKS.md, placement).
 
@@ -70,7 +84,11 @@ def register(app: typer.Typer, bench: typer.Typer) -> None:
         seeded copies until 130% of the cluster's GPUs are requested; pods are placed
         one by one and never deleted. Reports the share of GPUs allocated when the
         arrived requests reach 100% and 130% of the cluster, the failed pods and the
-        wall time of each experiment, next to the published numbers.
+        wall time of each experiment, next to the published numbers. With --bound,
+        also the ceiling at 100% and 130% (two solves per workload and seed, each single
+        threaded and limited to --bound-seconds; --workers run several at once), with
+        the solver's proven gap, and how much of the distance from published FGD to the
+        ceiling gpuscale closes.
         """
         from rich.console import Console
         from rich.progress import Progress
@@ -108,11 +126,24 @@ def register(app: typer.Typer, bench: typer.Typer) -> None:
                 workers=workers,
                 on_result=lambda _r: progress.advance(task),
             )
-        console.print(summary_table(results, published))
-        for line in target_lines(results, published):
+            bounds = []
+            if bound:
+                from scaler.evaluation.placement_bound import run_bounds
+
+                task = progress.add_task("bound solves", total=len(names) * len(seed_list))
+                bounds = run_bounds(
+                    node_table,
+                    workloads,
+                    seed_list,
+                    bound_seconds,
+                    workers=workers,
+                    on_result=lambda _r: progress.advance(task),
+                )
+        console.print(summary_table(results, published, bounds))
+        for line in target_lines(results, published) + bound_lines(results, published, bounds):
             console.print(line)
         if json_out is not None:
-            rows = [r.row() for r in results]
+            rows = [r.row() for r in results] + [b.row() for b in bounds]
             write_text(json_out, json.dumps({"suite": "placement", "rows": rows}, indent=1))
             console.print(f"wrote {len(rows)} rows to {json_out}")
         if plot is not None:
@@ -147,8 +178,14 @@ def _default_anchors() -> Path | None:
     return None
 
 
-def summary_table(results: list[ExperimentResult], published: Anchors) -> Table:
-    """Mean over seeds per workload and policy, next to the published means."""
+def summary_table(
+    results: list[ExperimentResult],
+    published: Anchors,
+    bounds: Sequence[BoundResult] = (),
+) -> Table:
+    """Mean over seeds per workload and policy, next to the published means; the ceiling
+    (bound) rows after each workload's policies, their largest proven gap in `failed`'s
+    place."""
     import numpy as np
     from rich.table import Table
 
@@ -157,6 +194,7 @@ def summary_table(results: list[ExperimentResult], published: Anchors) -> Table:
         table.add_column(column, justify="left" if column in ("workload", "policy") else "right")
     for column in ("Δ130", "sd130", "failed", "s/exp"):
         table.add_column(column, justify="right")
+    ceilings = _grouped_bounds(bounds)
     for (workload, policy), group in _grouped(results).items():
         at100 = np.array([r.alloc_at_100 for r in group])
         at130 = np.array([r.alloc_at_130 for r in group])
@@ -174,7 +212,79 @@ def summary_table(results: list[ExperimentResult], published: Anchors) -> Table:
             f"{np.mean([r.failed_pods for r in group]):.0f}",
             f"{np.median([r.seconds for r in group]):.2f}",
         )
+        last = [p for w, p in _grouped(results) if w == workload][-1]
+        if policy == last and workload in ceilings:
+            _bound_row(table, workload, ceilings.pop(workload), published)
+    for workload, group in ceilings.items():
+        _bound_row(table, workload, group, published)
     return table
+
+
+def _bound_row(table: Table, workload: str, group: list[BoundResult], published: Anchors) -> None:
+    import numpy as np
+
+    at100 = np.array([b.alloc_at_100 for b in group])
+    at130 = np.array([b.alloc_at_130 for b in group])
+    pub = published.get((workload, "fgd"))
+    gap = max(b.gap for b in group)
+    table.add_row(
+        workload,
+        "bound",
+        str(len(group)),
+        f"{np.nanmean(at100):.2f}" if not np.isnan(at100).all() else "-",
+        "-",
+        f"{at130.mean():.2f}",
+        "-",
+        f"{at130.mean() - pub[1]:+.2f}" if pub else "-",
+        f"{at130.std():.2f}",
+        f"gap {100 * gap:.3f}%",
+        f"{np.median([b.seconds for b in group]):.2f}",
+    )
+
+
+def bound_lines(
+    results: list[ExperimentResult], published: Anchors, bounds: Sequence[BoundResult]
+) -> list[str]:
+    """How much of the distance from FGD (published, and ours) to the ceiling gpuscale
+    closes, per arrival point: mean over workloads of (gpuscale - FGD) / (bound - FGD)."""
+    import numpy as np
+
+    if not bounds:
+        return []
+    groups = _grouped(results)
+    ceilings = _grouped_bounds(bounds)
+    lines = []
+    for point, index in (("100%", 0), ("130%", 1)):
+        for source in ("published", "ours"):
+            shares = []
+            for workload, group in ceilings.items():
+                ceiling = np.nanmean([(b.alloc_at_100, b.alloc_at_130)[index] for b in group])
+                mine = groups.get((workload, "gpuscale"))
+                if source == "published":
+                    fgd = published.get((workload, "fgd"), (np.nan, np.nan))[index]
+                else:
+                    ours = groups.get((workload, "fgd"))
+                    at = [(r.alloc_at_100, r.alloc_at_130)[index] for r in ours] if ours else []
+                    fgd = np.mean(at) if at else np.nan
+                if mine and np.isfinite(fgd) and np.isfinite(ceiling) and ceiling > fgd:
+                    gain = np.mean([(r.alloc_at_100, r.alloc_at_130)[index] for r in mine]) - fgd
+                    shares.append(gain / (ceiling - fgd))
+            if shares:
+                lines.append(
+                    f"gpuscale closes {100 * np.mean(shares):.1f}% of the distance from "
+                    f"{source} FGD to the bound at {point} (mean over {len(shares)} "
+                    "workloads; target >= 50% vs published at 130%)"
+                )
+    gap = max(b.gap for b in bounds)
+    lines.append(f"bound: largest proven gap {100 * gap:.3f}% of the bound")
+    return lines
+
+
+def _grouped_bounds(bounds: Sequence[BoundResult]) -> dict[str, list[BoundResult]]:
+    groups: dict[str, list[BoundResult]] = {}
+    for b in bounds:
+        groups.setdefault(b.workload, []).append(b)
+    return groups
 
 
 def target_lines(results: list[ExperimentResult], published: Anchors) -> list[str]:
