@@ -21,6 +21,7 @@ from scaler.evaluation.placement_bench import (
     jobs_from_pods,
     load_anchors,
     run_experiment,
+    scaled_nodes,
     workload_name,
 )
 from scaler.placement import ClusterState
@@ -194,3 +195,22 @@ def test_published_anchors(traces_dir: Path) -> None:
         "bestfit",
         "fgd",
     }
+
+
+def test_scale_to_repeats_the_node_list_and_times_decisions(
+    slices: tuple[Path, Path], tmp_path: Path
+) -> None:
+    nodes, pods = slices
+    table = load_openb_nodes(nodes)
+    big = scaled_nodes(table, 2 * len(table) + 5)
+    assert len(big) == 2 * len(table) + 5 and big["sn"].is_unique
+    assert (big["gpu"].to_numpy()[: len(table)] == table["gpu"].to_numpy()).all()
+    out = tmp_path / "scale.json"
+    args = ["bench", "placement", "--nodes", str(nodes), "--pods", str(pods), "--seeds", "42"]
+    args += ["--policies", "gpuscale", "--scale-to", str(len(big)), "--json", str(out)]
+    result = CliRunner().invoke(app, args)
+    assert result.exit_code == 0, result.output
+    (row,) = json.loads(out.read_text())["rows"]
+    assert row["nodes"] == len(big)
+    assert 0 < row["decision_ms_p50"] <= row["decision_ms_p99"]
+    assert f"one placement decision on {len(big)} nodes: median" in result.output

@@ -65,6 +65,15 @@ def register(app: typer.Typer, bench: typer.Typer) -> None:
                 "(default: ../shared/anchors/fgd_openb_allocation.csv when present).",
             ),
         ] = None,
+        scale_to: Annotated[
+            int | None,
+            typer.Option(
+                "--scale-to",
+                min=1,
+                help="Repeat the node list (names suffixed) up to this many nodes: the "
+                "decision time at scale (10000: the 2 ms median target).",
+            ),
+        ] = None,
         bound: Annotated[
             bool,
             typer.Option(
@@ -88,13 +97,20 @@ def register(app: typer.Typer, bench: typer.Typer) -> None:
         also the ceiling at 100% and 130% (two solves per workload and seed, each single
         threaded and limited to --bound-seconds; --workers run several at once), with
         the solver's proven gap, and how much of the distance from published FGD to the
-        ceiling gpuscale closes.
+        ceiling gpuscale closes. Each experiment's median and p99 time of one placement
+        decision (ms/dec in the table) is in its row; --scale-to measures it on a larger
+        cluster made of the node list repeated.
         """
         from rich.console import Console
         from rich.progress import Progress
 
         from predictor.data.loaders import load_openb_nodes, load_openb_pods
-        from scaler.evaluation.placement_bench import load_anchors, run_matrix, workload_name
+        from scaler.evaluation.placement_bench import (
+            load_anchors,
+            run_matrix,
+            scaled_nodes,
+            workload_name,
+        )
         from scaler.placement import POLICIES
 
         seed_list = parse_seeds(seeds)
@@ -110,6 +126,8 @@ def register(app: typer.Typer, bench: typer.Typer) -> None:
         if len(set(names)) != len(names):
             raise typer.BadParameter("two pod lists have the same workload name", "--pods")
         node_table = load_openb_nodes(nodes)
+        if scale_to is not None:
+            node_table = scaled_nodes(node_table, scale_to)
         workloads = {name: load_openb_pods(path) for name, path in zip(names, pods, strict=True)}
         anchor_path = anchors or _default_anchors()
         published = load_anchors(anchor_path) if anchor_path else {}
@@ -192,7 +210,7 @@ def summary_table(
     table = Table(title="Placement: GPU allocation (%) at 100% and 130% arrival")
     for column in ("workload", "policy", "seeds", "ours@100", "pub@100", "ours@130", "pub@130"):
         table.add_column(column, justify="left" if column in ("workload", "policy") else "right")
-    for column in ("Δ130", "sd130", "failed", "s/exp"):
+    for column in ("Δ130", "sd130", "failed", "s/exp", "ms/dec"):
         table.add_column(column, justify="right")
     ceilings = _grouped_bounds(bounds)
     for (workload, policy), group in _grouped(results).items():
@@ -211,6 +229,7 @@ def summary_table(
             f"{at130.std():.2f}",
             f"{np.mean([r.failed_pods for r in group]):.0f}",
             f"{np.median([r.seconds for r in group]):.2f}",
+            f"{np.median([r.decision_ms_p50 for r in group]):.3f}",
         )
         last = [p for w, p in _grouped(results) if w == workload][-1]
         if policy == last and workload in ceilings:
@@ -239,6 +258,7 @@ def _bound_row(table: Table, workload: str, group: list[BoundResult], published:
         f"{at130.std():.2f}",
         f"gap {100 * gap:.3f}%",
         f"{np.median([b.seconds for b in group]):.2f}",
+        "-",
     )
 
 
@@ -320,6 +340,14 @@ def target_lines(results: list[ExperimentResult], published: Anchors) -> list[st
         )
     seconds = [r.seconds for r in results]
     lines.append(f"median seconds per experiment: {np.median(seconds):.2f} (target <= 10)")
+    for size in sorted({r.nodes for r in results}):
+        at = [r for r in results if r.nodes == size]
+        lines.append(
+            f"one placement decision on {size} nodes: median "
+            f"{np.median([r.decision_ms_p50 for r in at]):.3f} ms over the experiments' medians, "
+            f"p99 {np.median([r.decision_ms_p99 for r in at]):.3f} ms"
+            + (" (target <= 2 ms median at 10,000 nodes)" if size >= 10_000 else "")
+        )
     return lines
 
 

@@ -66,8 +66,12 @@ class ExperimentResult:
     failed_pods: int
     pods: int
     seconds: float
+    nodes: int
     curve: tuple[float, ...]
     failures: dict[str, int] = field(default_factory=dict)
+    # Wall time of one placement decision (the engine's `place`, binding aside), ms.
+    decision_ms_p50: float = math.nan
+    decision_ms_p99: float = math.nan
 
     def row(self) -> dict[str, object]:
         """The JSON row (contract fields first)."""
@@ -80,6 +84,9 @@ class ExperimentResult:
             "failed_pods": self.failed_pods,
             "seconds": round(self.seconds, 3),
             "pods": self.pods,
+            "nodes": self.nodes,
+            "decision_ms_p50": round(self.decision_ms_p50, 4),
+            "decision_ms_p99": round(self.decision_ms_p99, 4),
         }
 
 
@@ -164,9 +171,13 @@ def run_experiment(
     next_point = 0
     at_100 = math.nan
     failures: Counter[str] = Counter()
-    for job in arrival_order(jobs, total, experiment.seed, ratio):
+    order = arrival_order(jobs, total, experiment.seed, ratio)
+    decision_s = np.empty(len(order))
+    for i, job in enumerate(order):
         arrived += job.gpu_request_milli
+        began = time.perf_counter()
         decision = place(state, job, policy)
+        decision_s[i] = time.perf_counter() - began
         if isinstance(decision, Placement):
             state.bind(job, decision.node_index, decision.gpus)
             allocated += job.gpu_request_milli
@@ -187,9 +198,24 @@ def run_experiment(
         failed_pods=failed,
         pods=len(jobs),
         seconds=time.perf_counter() - start,
+        nodes=state.size,
         curve=tuple(float(x) for x in curve),
         failures=dict(failures),
+        decision_ms_p50=float(np.median(decision_s)) * 1000 if order else math.nan,
+        decision_ms_p99=float(np.percentile(decision_s, 99)) * 1000 if order else math.nan,
     )
+
+
+def scaled_nodes(nodes: pd.DataFrame, count: int) -> pd.DataFrame:
+    """The node list repeated (names suffixed `~r<copy>`) and cut to `count` nodes: the
+    same mix of node kinds on a larger cluster, for the decision time at scale."""
+    import pandas as pd
+
+    if count <= 0:
+        raise ValueError(f"a cluster needs at least one node, asked for {count}")
+    copies = -(-count // len(nodes))
+    frames = [nodes.assign(sn=nodes["sn"].astype(str) + f"~r{i}") for i in range(copies)]
+    return pd.concat(frames, ignore_index=True).iloc[:count].reset_index(drop=True)
 
 
 def _reason_kind(reason: str) -> str:
