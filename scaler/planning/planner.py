@@ -35,6 +35,14 @@ import numpy as np
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from scaler.cluster.pools import NodePool
+from scaler.planning.buffer_tuning import (
+    CAUTIOUS,
+    RULES,
+    RuleRecord,
+    cheapest_within,
+    replay_rules,
+    target_of,
+)
 from scaler.planning.margin import ConformalMargin
 
 Mode = Literal["static", "reactive", "predictive", "hybrid"]
@@ -74,7 +82,16 @@ class PlannerPolicy(BaseModel):
     min_spread: float = Field(
         default=1.0, gt=0, description="floor of a forecast's spread (GPUs), against zeros"
     )
-    calibration_window: int = Field(default=4032, ge=10, description="scores kept (steps)")
+    calibration_window: int = Field(
+        default=4032, ge=10, description="scores and demand history kept (steps)"
+    )
+    tuning_min_steps: int = Field(
+        default=144,
+        ge=1,
+        description="steps of history before the spare capacity is tuned on it (until then: "
+        "the forecast bound, or a day's peak plus a node once that is known)",
+    )
+    retune_steps: int = Field(default=6, ge=1, description="steps between two tunings")
     min_scores: int = Field(default=30, ge=1)
     adapt_rate: float = Field(
         default=0.0, ge=0, description="ACI step size moving alpha toward the target"
@@ -180,6 +197,13 @@ class GroupMemory:
     last_upper: float = math.nan  # the bound the last call set for the step it decided
     hold_level: float = 0.0
     hold_until: int = -1
+    # The buffer tuning's history (nodes of the group's pool): demand observed at each call
+    # and the forecast bound issued then; the rule followed and how it had done.
+    observed_nodes: np.ndarray = field(default_factory=lambda: np.empty(0))
+    bound_nodes: np.ndarray = field(default_factory=lambda: np.empty(0))
+    rule: int = CAUTIOUS
+    tuned: RuleRecord | None = None
+    tuned_step: int = -(10**9)
 
     def with_recent(self, recent: tuple[float, ...]) -> GroupMemory:
         """This memory with other recent observations (`dataclasses.replace` costs several
@@ -192,6 +216,11 @@ class GroupMemory:
             self.last_upper,
             self.hold_level,
             self.hold_until,
+            self.observed_nodes,
+            self.bound_nodes,
+            self.rule,
+            self.tuned,
+            self.tuned_step,
         )
 
 
@@ -292,7 +321,10 @@ def plan(
     if policy.mode != "static":
         for outlook, group_lead in zip(outlooks, routing.group_lead, strict=True):
             old = group_memory.get(outlook.group) or GroupMemory()
-            need, group_memory[outlook.group] = _group_need(outlook, old, policy, group_lead, step)
+            node = _node_gpus(pools, outlook, policy.objective)
+            need, group_memory[outlook.group] = _group_need(
+                outlook, old, policy, group_lead, step, node
+            )
             needs.append(need)
 
     backoff = dict(memory.spot_backoff_until)
@@ -328,12 +360,22 @@ def plan(
 # --------------------------------------------------------------------------- demand side
 
 
+def _node_gpus(pools: Sequence[NodePool], outlook: DemandOutlook, objective: Objective) -> int:
+    """GPUs per node of the pool a group grows first (the cheapest per GPU it may use): the
+    unit its spare capacity is tuned in."""
+    allowed = [p for p in pools if _serves(p, outlook)]
+    if not allowed:
+        return 1
+    return min(allowed, key=lambda p: (_unit_cost(p, objective), -p.gpus_per_node)).gpus_per_node
+
+
 def _group_need(
     outlook: DemandOutlook,
     old: GroupMemory,
     policy: PlannerPolicy,
     lead: int,
     step: int,
+    node_gpus: int = 1,
 ) -> tuple[GroupNeed, GroupMemory]:
     observed = float(outlook.observed)
     window = max(policy.unneeded_steps, 2)
@@ -391,14 +433,6 @@ def _group_need(
         "keep_upper": keep,
     }
 
-    if policy.mode == "hybrid" and not math.isnan(old.last_upper) and observed > old.last_upper:
-        # Demand outran the bound set for it: correct reactively by the overshoot, at once.
-        overshoot = observed - old.last_upper
-        add_to = max(add_to, observed + overshoot)
-        keep = max(keep, add_to)
-        reason += f"; demand {observed:g} outran its bound by {overshoot:.1f}"
-        inputs["overshoot"] = overshoot
-
     hold_level, hold_until = old.hold_level, old.hold_until
     previous = old.recent[-1] if old.recent else observed
     fall = previous - observed
@@ -412,14 +446,55 @@ def _group_need(
         inputs["hold_level"] = hold_level
 
     held = hold_level if step < hold_until else 0.0
+    forecast_keep, bound_now = keep, float(upper[0])
+
+    # The spare capacity, tuned on the group's own history (see `buffer_tuning`).
+    history = policy.calibration_window + 1
+    observed_nodes = np.append(old.observed_nodes, observed / node_gpus)[-history:]
+    bound_nodes = np.append(old.bound_nodes, keep / node_gpus)[-history:]
+    rule, tuned, tuned_step = old.rule, old.tuned, old.tuned_step
+    if observed_nodes.size - 1 - (rows - 1) >= policy.tuning_min_steps:
+        if step - tuned_step >= policy.retune_steps:
+            tuned = cheapest_within(
+                replay_rules(observed_nodes, bound_nodes, rows - 1), policy.target_shortage
+            )
+            rule, tuned_step = tuned.rule, step
+        nodes = target_of(RULES[rule], observed_nodes, keep / node_gpus)
+        add_to = keep = bound_now = float(nodes * node_gpus)
+        reason = (
+            f"tuned spare capacity {nodes} node(s) of {node_gpus} GPUs: {RULES[rule].label}"
+            + (
+                ""
+                if tuned is None
+                else f" (short on {tuned.short_share:.2%} of the last {tuned.steps} steps, "
+                f"knob {policy.target_shortage:g}); forecast bound {forecast_keep:.1f} GPUs"
+            )
+        )
+        inputs["tuned_nodes"] = nodes
+        if tuned is not None:
+            inputs["tuned_short_share"] = tuned.short_share
+
+    if policy.mode == "hybrid" and not math.isnan(old.last_upper) and observed > old.last_upper:
+        # Demand outran the bound set for it: correct reactively by the overshoot, at once.
+        overshoot = observed - old.last_upper
+        add_to = max(add_to, observed + overshoot)
+        keep = max(keep, add_to)
+        reason += f"; demand {observed:g} outran its bound by {overshoot:.1f}"
+        inputs["overshoot"] = overshoot
+
     new = GroupMemory(
         recent=recent,
         issued=((base, spread, held), *old.issued)[:rows],
         margins=tuple(margins),
-        last_keep=keep,
-        last_upper=float(upper[0]),
+        last_keep=forecast_keep,
+        last_upper=bound_now,
         hold_level=hold_level,
         hold_until=hold_until,
+        observed_nodes=observed_nodes,
+        bound_nodes=bound_nodes,
+        rule=rule,
+        tuned=tuned,
+        tuned_step=tuned_step,
     )
     return GroupNeed(outlook.group, add_to, keep, reason, inputs), new
 

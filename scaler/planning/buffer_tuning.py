@@ -1,0 +1,134 @@
+"""The spare capacity a demand group holds, tuned online on the group's own recent demand.
+
+What a platform team runs instead of a forecast is a fixed buffer: Cluster Autoscaler plus
+k spare nodes (overprovisioning pods, a `CapacityBuffer`), or the peak of the last W steps
+plus b nodes. Each such rule, tuned by hand on a validation week, is hard to beat; but the
+right setting differs from cluster to cluster and drifts. So the planner tunes it itself:
+it replays a family of buffer rules, and the forecast's own upper bound plus b nodes, over
+the demand it has observed (in whole nodes of the group's pool, with the pool's boot lag)
+and follows the cheapest rule whose share of short steps stayed within the service-level
+knob. The knob then means the same on every cluster: the realised share of short steps.
+
+Replaying a rule needs nothing but the observed demand: at call i the planner had seen
+demand h[0..i] and a rule asks for T[i] nodes; a node requested at i is ready from i+L and
+a removed one stops at once, so the capacity ready for the step decided at i is
+min(T[i-L..i]), and that step was short when its demand h[i+1] exceeded it. Everything
+here is a pure function of arrays.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Literal
+
+import numpy as np
+from numpy.lib.stride_tricks import sliding_window_view
+
+RuleKind = Literal["headroom", "rolling-max", "forecast"]
+
+
+@dataclass(frozen=True, slots=True)
+class BufferRule:
+    """One way to size a group, in nodes: the last demand (`headroom`), the peak of the
+    last `window` steps (`rolling-max`) or the forecast's upper bound (`forecast`), plus
+    `spare` nodes."""
+
+    kind: RuleKind
+    spare: int
+    window: int = 1
+
+    @property
+    def label(self) -> str:
+        if self.kind == "rolling-max":
+            return f"peak of the last {self.window} steps + {self.spare} node(s)"
+        if self.kind == "forecast":
+            return f"forecast upper bound + {self.spare} node(s)"
+        return f"last demand + {self.spare} spare node(s)"
+
+
+# The family replayed: what teams tune by hand (BENCHMARKS.md `headroom` and `rolling-max`,
+# on a finer grid), and the forecast with a few spare nodes. The rule followed while the
+# history is too short to tune on is a cautious one: a day's peak plus a node.
+RULES: tuple[BufferRule, ...] = (
+    *(BufferRule("headroom", k) for k in range(33)),
+    *(BufferRule("rolling-max", b, w) for w in (2, 3, 4, 6, 9, 12, 18, 24, 36) for b in range(21)),
+    *(BufferRule("forecast", b) for b in range(11)),
+)
+CAUTIOUS = RULES.index(BufferRule("rolling-max", 1, 36))
+
+
+@dataclass(frozen=True, slots=True)
+class RuleRecord:
+    """How one rule would have done over the replayed steps."""
+
+    rule: int  # index into the rules
+    short_share: float  # share of steps its capacity fell short of demand
+    mean_nodes: float  # nodes it paid per step
+    steps: int
+
+
+def rule_targets(
+    observed: np.ndarray, forecast: np.ndarray, rules: Sequence[BufferRule] = RULES
+) -> np.ndarray:
+    """[rule, i]: the nodes each rule asks for at call i, from demand `observed[:i+1]`
+    (nodes, fractional allowed) and the forecast bound issued at call i (nodes)."""
+    demand = np.ceil(np.asarray(observed, dtype=float) - 1e-9)
+    bound = np.ceil(np.asarray(forecast, dtype=float) - 1e-9)
+    n = demand.size
+    peaks: dict[int, np.ndarray] = {}
+    out = np.empty((len(rules), n))
+    for r, rule in enumerate(rules):
+        if rule.kind == "headroom":
+            base = demand
+        elif rule.kind == "forecast":
+            base = bound
+        else:
+            if rule.window not in peaks:
+                padded = np.concatenate([np.full(rule.window - 1, -np.inf), demand])
+                peaks[rule.window] = sliding_window_view(padded, rule.window).max(axis=1)
+            base = peaks[rule.window]
+        out[r] = base + rule.spare
+    return np.maximum(out, 0.0)
+
+
+def replay_rules(
+    observed: np.ndarray,
+    forecast: np.ndarray,
+    lead: int,
+    rules: Sequence[BufferRule] = RULES,
+) -> list[RuleRecord]:
+    """Each rule over the history: calls 0..n-2 are scored (the last has no outcome yet)."""
+    targets = rule_targets(observed, forecast, rules)
+    ready = targets.copy()
+    for j in range(1, lead + 1):
+        ready[:, j:] = np.minimum(ready[:, j:], targets[:, :-j])
+    demand = np.ceil(np.asarray(observed, dtype=float) - 1e-9)
+    scored = slice(lead, demand.size - 1)  # before `lead` the rule had no fleet of its own
+    steps = max(demand.size - 1 - lead, 0)
+    if steps == 0:
+        return [RuleRecord(r, 0.0, 0.0, 0) for r in range(len(rules))]
+    short = (demand[None, lead + 1 :] > ready[:, scored] + 1e-9).mean(axis=1)
+    nodes = targets[:, scored].mean(axis=1)
+    return [RuleRecord(r, float(short[r]), float(nodes[r]), steps) for r in range(len(rules))]
+
+
+def cheapest_within(records: Sequence[RuleRecord], knob: float) -> RuleRecord:
+    """The cheapest rule whose share of short steps is within the knob; when none is, the
+    one short least often (cheapest among those)."""
+    within = [r for r in records if r.short_share <= knob + 1e-12]
+    if within:
+        return min(within, key=lambda r: (r.mean_nodes, r.rule))
+    return min(records, key=lambda r: (r.short_share, r.mean_nodes, r.rule))
+
+
+def target_of(rule: BufferRule, observed: np.ndarray, forecast_nodes: float) -> int:
+    """The nodes `rule` asks for now, given the demand observed so far (nodes)."""
+    demand = np.ceil(np.asarray(observed[-rule.window :], dtype=float) - 1e-9)
+    if rule.kind == "forecast":
+        base = float(np.ceil(forecast_nodes - 1e-9))
+    elif rule.kind == "rolling-max":
+        base = float(demand.max())
+    else:
+        base = float(demand[-1])
+    return max(int(base) + rule.spare, 0)
