@@ -85,3 +85,20 @@ def test_a_group_that_needs_exactly_one_node_holds_one_node_not_two() -> None:
     sizes = _one_pool_run([8.0] * 300, knob=0.003)
     assert sizes[10] == 2  # before tuning: the forecast bound, rounded up to whole nodes
     assert set(sizes[100:]) == {1}  # tuned: one node was never short
+
+
+def test_the_per_base_replay_agrees_with_replaying_every_rule_on_its_own() -> None:
+    rng = np.random.default_rng(7)
+    observed = np.maximum(np.cumsum(rng.integers(-2, 3, 600)) + 20, 0) / 3
+    forecast = observed + rng.uniform(-1, 3, 600)
+    targets = rule_targets(observed, forecast)
+    demand = np.ceil(observed - 1e-9)
+    for lead in (0, 1, 3):
+        ready = targets.copy()
+        for j in range(1, lead + 1):
+            ready[:, j:] = np.minimum(ready[:, j:], targets[:, :-j])
+        short = (demand[None, lead + 1 :] > ready[:, lead:-1]).mean(axis=1)
+        nodes = targets[:, lead:-1].mean(axis=1)
+        for record in replay_rules(observed, forecast, lead):
+            assert record.short_share == short[record.rule]
+            assert abs(record.mean_nodes - nodes[record.rule]) < 1e-9

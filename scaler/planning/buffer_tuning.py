@@ -23,7 +23,6 @@ from dataclasses import dataclass
 from typing import Literal
 
 import numpy as np
-from numpy.lib.stride_tricks import sliding_window_view
 
 RuleKind = Literal["headroom", "rolling-max", "forecast"]
 
@@ -74,22 +73,8 @@ def rule_targets(
     """[rule, i]: the nodes each rule asks for at call i, from demand `observed[:i+1]`
     (nodes, fractional allowed) and the forecast bound issued at call i (nodes)."""
     demand = np.ceil(np.asarray(observed, dtype=float) - 1e-9)
-    bound = np.ceil(np.asarray(forecast, dtype=float) - 1e-9)
-    n = demand.size
-    peaks: dict[int, np.ndarray] = {}
-    out = np.empty((len(rules), n))
-    for r, rule in enumerate(rules):
-        if rule.kind == "headroom":
-            base = demand
-        elif rule.kind == "forecast":
-            base = bound
-        else:
-            if rule.window not in peaks:
-                padded = np.concatenate([np.full(rule.window - 1, -np.inf), demand])
-                peaks[rule.window] = sliding_window_view(padded, rule.window).max(axis=1)
-            base = peaks[rule.window]
-        out[r] = base + rule.spare
-    return np.maximum(out, 0.0)
+    bound = np.maximum(np.ceil(np.asarray(forecast, dtype=float) - 1e-9), 0.0)
+    return np.array([_base(rule, demand, bound) + rule.spare for rule in rules])
 
 
 def replay_rules(
@@ -98,19 +83,47 @@ def replay_rules(
     lead: int,
     rules: Sequence[BufferRule] = RULES,
 ) -> list[RuleRecord]:
-    """Each rule over the history: calls 0..n-2 are scored (the last has no outcome yet)."""
-    targets = rule_targets(observed, forecast, rules)
-    ready = targets.copy()
-    for j in range(1, lead + 1):
-        ready[:, j:] = np.minimum(ready[:, j:], targets[:, :-j])
+    """Each rule over the history: calls lead..n-2 are scored (before `lead` a rule had no
+    fleet of its own; the last call has no outcome yet).
+
+    Rules sharing a base (the last demand, one peak window, the forecast) differ only by
+    their spare nodes s, so a step is short under spare s exactly when its demand exceeds
+    the base's lowest target over the lead by more than s: one pass per base, not per rule.
+    """
     demand = np.ceil(np.asarray(observed, dtype=float) - 1e-9)
-    scored = slice(lead, demand.size - 1)  # before `lead` the rule had no fleet of its own
     steps = max(demand.size - 1 - lead, 0)
     if steps == 0:
         return [RuleRecord(r, 0.0, 0.0, 0) for r in range(len(rules))]
-    short = (demand[None, lead + 1 :] > ready[:, scored] + 1e-9).mean(axis=1)
-    nodes = targets[:, scored].mean(axis=1)
-    return [RuleRecord(r, float(short[r]), float(nodes[r]), steps) for r in range(len(rules))]
+    bound = np.maximum(np.ceil(np.asarray(forecast, dtype=float) - 1e-9), 0.0)
+    bases: dict[tuple[RuleKind, int], tuple[np.ndarray, float]] = {}
+    out = []
+    for r, rule in enumerate(rules):
+        key = (rule.kind, rule.window if rule.kind == "rolling-max" else 1)
+        if key not in bases:
+            base = _base(rule, demand, bound)
+            lowest = base.copy()
+            for j in range(1, lead + 1):
+                lowest[j:] = np.minimum(lowest[j:], base[:-j])
+            gap = demand[lead + 1 :] - lowest[lead : demand.size - 1]
+            bases[key] = (np.sort(gap), float(base[lead : demand.size - 1].mean()))
+        gaps, mean_base = bases[key]
+        short = steps - int(np.searchsorted(gaps, rule.spare + 1e-9, side="right"))
+        out.append(RuleRecord(r, short / steps, mean_base + rule.spare, steps))
+    return out
+
+
+def _base(rule: BufferRule, demand: np.ndarray, bound: np.ndarray) -> np.ndarray:
+    """What a rule adds its spare nodes to, at every call (nodes)."""
+    if rule.kind == "headroom":
+        return demand
+    if rule.kind == "forecast":
+        return bound
+    # The peak of the last `window` calls: one running maximum per step back (cheaper than
+    # a sliding window's reduction for windows this short).
+    peak = demand.copy()
+    for back in range(1, min(rule.window, demand.size)):
+        np.maximum(peak[back:], demand[:-back], out=peak[back:])
+    return peak
 
 
 def cheapest_within(records: Sequence[RuleRecord], knob: float) -> RuleRecord:
@@ -126,7 +139,7 @@ def target_of(rule: BufferRule, observed: np.ndarray, forecast_nodes: float) -> 
     """The nodes `rule` asks for now, given the demand observed so far (nodes)."""
     demand = np.ceil(np.asarray(observed[-rule.window :], dtype=float) - 1e-9)
     if rule.kind == "forecast":
-        base = float(np.ceil(forecast_nodes - 1e-9))
+        base = max(float(np.ceil(forecast_nodes - 1e-9)), 0.0)
     elif rule.kind == "rolling-max":
         base = float(demand.max())
     else:
