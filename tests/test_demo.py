@@ -24,6 +24,11 @@ def test_demo_leaves_a_report_with_forecast_and_scaling(tmp_path: Path) -> None:
     assert reactive["jobs"] == predictive["jobs"] > 0
     # Capacity asked for ahead of demand means jobs wait less for it.
     assert predictive["wait_p95_min"] <= reactive["wait_p95_min"]
+    # Side by side with the buffer teams run instead: reactive plus k spare nodes per pool.
+    headroom = figures["scaling"]["headroom"]
+    assert headroom["mode"] == "headroom" and headroom["knob"] in (1, 2, 3, 4)
+    assert headroom["gpu_hours"] > reactive["gpu_hours"]
     report = (out / "report.md").read_text()
+    assert f"reactive + {headroom['knob']} spare node" in report
     assert "## 1. Forecasting demand" in report and "## 2. Scaling ahead of demand" in report
     assert (out / "models" / "gpuscale" / "1" / "metadata.json").is_file()

@@ -12,12 +12,8 @@ import pytest
 import scaler.evaluation.job_simulator as job_simulator
 from predictor.models import build
 from scaler.cluster.pools import NodePool
-from scaler.evaluation.job_simulator import (
-    JobSimResult,
-    compare_on_workload,
-    simulate_jobs,
-    simulator_snapshot,
-)
+from scaler.evaluation.job_frontier import compare_on_workload
+from scaler.evaluation.job_simulator import JobSimResult, simulate_jobs, simulator_snapshot
 from scaler.evaluation.synthetic import generate, load_config
 from scaler.placement.estimator import estimate_scale_up
 from scaler.planning.planner import PlannerPolicy
@@ -367,7 +363,8 @@ def test_gpuscale_simulate_synthetic_compares_the_modes(tmp_path: Path) -> None:
     result = CliRunner().invoke(app, [*args, "--json"])
     assert result.exit_code == 0, result.output
     summary = json.loads(result.output)
-    assert [row["mode"] for row in summary["rows"]] == ["reactive", "predictive"]
+    modes = ["reactive", *["headroom"] * 4, "predictive"]
+    assert [row["mode"] for row in summary["rows"]] == modes
     assert summary["placement"] == {"policy": "gpuscale", "queue": "fifo"}
     assert "placement gpuscale, queue fifo" in summary["title"]
     for row in summary["rows"]:

@@ -14,6 +14,7 @@ from scaler.cli.output import jsonable, table_console
 
 if TYPE_CHECKING:
     import pandas as pd
+    from rich.console import Console
 
     from predictor.models.forecast import Forecaster
     from scaler.cluster.pools import NodePool
@@ -493,7 +494,24 @@ def simulate(
     ] = None,
     knobs: Annotated[
         list[float] | None,
-        typer.Option("--knob", help="Target-shortage settings for the frontier (repeat)."),
+        typer.Option(
+            "--knob",
+            help="Target-shortage settings for the frontier (repeat; default 0.001, 0.003,"
+            " 0.01, 0.03, 0.1, and for --synthetic also 0.2, 0.3).",
+        ),
+    ] = None,
+    frontier: Annotated[
+        bool,
+        typer.Option(
+            "--frontier",
+            help="Synthetic: also run predictive at each --knob (a replay always does).",
+        ),
+    ] = False,
+    workers: Annotated[
+        int | None,
+        typer.Option(
+            "--workers", min=1, help="Synthetic: runs in parallel processes (default: CPUs)."
+        ),
     ] = None,
     model: Annotated[str, typer.Option("--model", help="Forecasting model.")] = DEFAULT_MODEL,
     mode: Annotated[
@@ -536,14 +554,23 @@ def simulate(
 
     With --synthetic: the job-level simulation on the synthetic workload; jobs arrive, wait
     for capacity in the --queue order and are placed by the placement engine's default
-    policy (multi-node jobs as gangs; predictive mode holds its spare nodes with
-    placeholders that real jobs preempt), reactive (Cluster Autoscaler) against
-    predictive, scored by GPU-hours paid and the p50/p95/p99 wait for capacity (jobs.png).
+    policy (multi-node jobs as gangs; spare nodes are held with placeholders that real jobs
+    preempt). Rows: reactive (Cluster Autoscaler), headroom (reactive plus k = 1-4 spare
+    nodes per pool, as overprovisioning pods or a CapacityBuffer keep) and predictive at
+    its default knob (`default: true`), with --frontier also at each --knob; scored by
+    GPU-hours paid, the mean/p95/p99 wait for capacity, the share of jobs that waited and
+    GPU-minutes waited. `matched` sets each predictive row against the cheapest baseline
+    that waits no more and the least-waiting one that pays no more (jobs.png: reactive,
+    the best headroom setting and predictive).
     """
     from predictor.foundation.errors import InputError
 
     if (trace is None) == (not synthetic):
         raise InputError("give exactly one of --trace and --synthetic")
+    if frontier and not synthetic:
+        raise typer.BadParameter(
+            "is for --synthetic (a replay always sweeps the knob)", param_hint="--frontier"
+        )
     if mode not in ("predictive", "hybrid"):
         raise typer.BadParameter("must be predictive or hybrid", param_hint="--mode")
     from scaler.placement.queue import ORDERS
@@ -558,8 +585,20 @@ def simulate(
 
     policy = _load_policy(None, mode, target_shortage)
     if synthetic:
+        import os
+
         summary = simulate_jobs(
-            out, policy, _model_factory(model), workload, seed, days, boot_minutes, queue
+            out,
+            policy,
+            _model_factory(model),
+            workload,
+            seed,
+            days,
+            boot_minutes,
+            queue,
+            frontier=frontier,
+            knobs=knobs,
+            workers=workers or len(os.sched_getaffinity(0)),
         )
     else:
         summary = simulate_trace(
@@ -581,11 +620,17 @@ def simulate(
     console = table_console()
     console.print(table)
     if synthetic:
+        _print_matched(console, summary["matched"])
         placement = summary["placement"]
+        preempted = ", ".join(
+            f"{r['mode']} {r['knob']:g}: {r['placeholders_preempted']}"
+            for r in summary["rows"]
+            if r["default"] or r["mode"] == "headroom"
+        )
         console.print(
             f"placement: the engine's {placement['policy']} policy, queue {placement['queue']};"
-            " multi-node jobs as gangs; predictive mode holds spare nodes with placeholders"
-            f" (preempted {summary['rows'][1]['placeholders_preempted']} times)"
+            " multi-node jobs as gangs; headroom and predictive modes hold spare nodes with"
+            f" placeholders (times preempted: {preempted})"
         )
     console.print(f"pictures: {', '.join(summary['pictures'])}")
 
@@ -600,6 +645,8 @@ SIMULATE_COLUMNS = {  # row field -> column label
     },
     "jobs": {
         "mode": "mode",
+        "knob": "knob",
+        "default": "default",
         "jobs": "jobs",
         "wait_p50_min": "p50 wait",
         "wait_p95_min": "p95 wait",
@@ -609,11 +656,44 @@ SIMULATE_COLUMNS = {  # row field -> column label
         "gpu_minutes_waited": "GPU-min waited",
         "gpu_hours": "GPU-h",
         "cost": "cost",
+        "seconds": "s",
     },
+}
+MATCHED_COLUMNS = {  # matched-view field -> column label
+    "knob": "predictive knob",
+    "default": "default",
+    "gpu_hours": "GPU-h",
+    "gpu_minutes_waited": "GPU-min waited",
+    "cheapest_no_more_wait": "cheapest baseline waiting no more",
+    "cheapest_gpu_hours": "its GPU-h",
+    "gpu_hours_saving": "GPU-h saved",
+    "least_wait_no_more_cost": "least-waiting baseline paying no more",
+    "least_wait_gpu_minutes_waited": "its GPU-min waited",
+    "wait_reduction": "wait cut",
+    "dominated_by": "beaten on both by",
 }
 
 
+def _print_matched(console: Console, matched: list[dict[str, object]]) -> None:
+    from rich.table import Table
+
+    table = Table(title="matched: each predictive row against the reactive/headroom rows")
+    for i, label in enumerate(MATCHED_COLUMNS.values()):
+        table.add_column(label, no_wrap=i == 0)
+    for row in matched:
+        cells = {**row, "dominated_by": ", ".join(row["dominated_by"]) or "-"}  # type: ignore[arg-type]
+        for field in ("gpu_hours_saving", "wait_reduction"):
+            value = row[field]
+            cells[field] = "-" if value is None else f"{value:+.1%}"
+        table.add_row(*(_cell(cells[c]) for c in MATCHED_COLUMNS))
+    console.print(table)
+
+
 def _cell(value: object) -> str:
+    if value is None:
+        return "-"
+    if isinstance(value, bool):
+        return "yes" if value else ""
     if isinstance(value, float):
         return f"{value:,.0f}" if abs(value) >= 1000 else f"{value:.4g}"
     return str(value)

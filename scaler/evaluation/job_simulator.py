@@ -18,12 +18,19 @@ nodes, and every scheduling question goes to the placement engine, as in the liv
   pool up to `planning.reactive.reactive_demand` (busy nodes plus the booting and new
   nodes the pending jobs pack onto) and removes idle nodes after they have been unneeded
   for 10 minutes, only nodes the scale-down check (`placement.scale_down`) passes.
+- `headroom` (what teams run instead of a forecast: overprovisioning placeholder pods, or a
+  `CapacityBuffer` with `replicas`): `reactive` with k spare nodes per pool on top of the
+  nodes reactive keeps. Those k nodes' worth are held by placeholders, taken by real jobs
+  first (they preempt them) and then provisioned again, as evicted placeholder pods pend
+  and Cluster Autoscaler scales up for them.
 - `predictive`: every 10-minute step the planner sizes each pool from the forecast of its
   demand over the boot time (pre-positioning); between steps, the same minute-level
   reactive check adds nodes at once when jobs wait (scale-down left to the forecast).
-  Every ready node that runs no real job holds one placeholder job (its GPUs, and the CPU
-  and memory of the mix's common whole-GPU shape as often as they fit) until a real job
-  preempts it; a node in use holds none, and placeholders never count as work.
+
+In `predictive` and `headroom` modes every ready node that runs no real job holds one
+placeholder job (its GPUs, and the CPU and memory of the mix's common whole-GPU shape as
+often as they fit) until a real job preempts it, so real jobs go to nodes in use first; a
+node in use holds none, and placeholders never count as work.
 
 Nodes are paid from request to removal. Jobs submitted before the evaluation start warm
 the cluster and the planner up; only jobs submitted from `start` on are scored.
@@ -34,6 +41,7 @@ from __future__ import annotations
 import heapq
 import itertools
 import math
+import time
 from collections import Counter, deque
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, replace
@@ -44,7 +52,6 @@ import numpy as np
 import pandas as pd
 
 from predictor.foundation.errors import InputError
-from predictor.models.forecast import Forecaster
 from scaler.cluster.job import WHOLE_GPU_MILLI, Job
 from scaler.cluster.pools import NodePool
 from scaler.cluster.predicates import feasible
@@ -89,7 +96,7 @@ JOB_LEVEL_TARGET_SHORTAGE = 0.5
 DEFAULT_QUEUE: Order = "fifo"
 PLACEHOLDER_PRIORITY = -1
 
-JobMode = Literal["reactive", "predictive"]
+JobMode = Literal["reactive", "headroom", "predictive"]
 Groups = dict[str, SimulatedNodeGroup]
 DemandKey = tuple[tuple[int, ...], int, int]  # the queue's tasks, booting, target size
 ShapeKey = tuple[tuple[tuple[object, ...], ...], int, int]  # the queue's task shapes, ...
@@ -144,11 +151,16 @@ class JobSimResult:
     queue: Order = DEFAULT_QUEUE
     placeholders_preempted: int = 0
     job_ids: tuple[str, ...] = ()  # of the scored jobs, in the order of `waits`
+    knob: float | None = None  # headroom: spare nodes per pool; predictive: target shortage
+    default: bool = False  # the predictive run at the product's setting
+    seconds: float = 0.0  # wall time of the run
 
     def row(self) -> dict[str, object]:
         waits = self.waits
         return {
             "mode": self.mode,
+            "knob": self.knob,
+            "default": self.default,
             "jobs": int(waits.size),
             "unstarted": self.unstarted,
             "wait_p50_min": float(np.percentile(waits, 50)) if waits.size else 0.0,
@@ -161,6 +173,7 @@ class JobSimResult:
             "cost": self.cost,
             "scale_actions": self.scale_actions,
             "placeholders_preempted": self.placeholders_preempted,
+            "seconds": self.seconds,
         }
 
 
@@ -593,15 +606,20 @@ def simulate_jobs(
     levels: tuple[float, ...] = (),
     cloud: SimulatedCloudConfig | None = None,
     queue: Order = DEFAULT_QUEUE,
+    spare: int = 0,
 ) -> JobSimResult:
     """Simulate [begin, end) minute by minute; score jobs submitted in [start, end).
 
     `outlooks[pool][s]` is the forecast outlook (rows = 10-minute steps ahead, columns =
     `levels`, GPUs) for the step starting `begin + s * 10 min`, made from demand before it.
-    `queue` is the admission order of pending jobs (fifo, priority or qssf).
+    `queue` is the admission order of pending jobs (fifo, priority or qssf). `spare`: the
+    spare nodes per pool of `headroom` mode.
     """
+    began = time.perf_counter()
     if mode == "predictive" and outlooks is None:
         raise ValueError("predictive mode needs forecast outlooks")
+    if spare < 0 or (spare > 0) != (mode == "headroom"):
+        raise ValueError("headroom mode, and only it, takes spare nodes (at least 1)")
     models = [p.gpu_model for p in pools]
     if len(set(models)) != len(models):
         raise InputError("the job simulation needs one pool per GPU model (jobs name pools)")
@@ -637,7 +655,7 @@ def simulate_jobs(
             "step_seconds": 60.0,
             # Samples are instants: 11 of them, a minute apart, span the 10 minutes.
             "unneeded_steps": UNNEEDED_MINUTES + 1,
-            "scale_down_enabled": mode == "reactive",
+            "scale_down_enabled": mode != "predictive",
         }
     )
     step_policy = policy.model_copy(update={"step_seconds": STEP_MINUTES * 60.0})
@@ -774,6 +792,9 @@ def simulate_jobs(
             reactive = demand.outlooks(pools)
             observed = {o.group: o.observed for o in reactive}
             demand_seen = demand.nodes
+            if spare:  # the buffer's nodes are wanted on top, as pending placeholder pods
+                buffered = {name: n + spare for name, n in demand.nodes.items()}
+                reactive = ReactiveDemand(buffered, demand.estimate).outlooks(pools)
         for name, value in observed.items():
             step_peak[name] = max(step_peak[name], value)
         at = first_minute + timedelta(minutes=minute)
@@ -800,7 +821,7 @@ def simulate_jobs(
         minute_memory = decided.memory
         actions += _apply(decided.desired, groups, cluster, engine)
 
-        if mode == "predictive":  # what the plan provides beyond real work is held
+        if mode != "reactive":  # what the plan provides beyond real work is held
             for slot in cluster.unheld():
                 cluster.hold(slot, holders[cluster.pool_of[slot]])
 
@@ -835,6 +856,8 @@ def simulate_jobs(
         queue=queue,
         placeholders_preempted=scheduler.preempted,
         job_ids=tuple(t.gang_or_id for t in [*scored, *unstarted]),
+        knob={"headroom": spare, "predictive": policy.target_shortage}.get(mode),
+        seconds=time.perf_counter() - began,
     )
 
 
@@ -901,71 +924,3 @@ def _apply(desired: Mapping[str, int], groups: Groups, cluster: _SimCluster, eng
                         cluster.leave(v)
                 changed += 1
     return changed
-
-
-# --------------------------------------------------------------------------- comparison
-
-
-@dataclass(frozen=True)
-class WorkloadComparison:
-    reactive: JobSimResult
-    predictive: JobSimResult
-    start: pd.Timestamp
-    end: pd.Timestamp
-    gpus_per_node: Mapping[str, int]
-
-    def rows(self) -> list[dict[str, object]]:
-        return [self.reactive.row(), self.predictive.row()]
-
-
-def compare_on_workload(
-    jobs: pd.DataFrame,
-    demand: pd.DataFrame,
-    pools: Sequence[NodePool],
-    forecaster: Forecaster,
-    *,
-    start: pd.Timestamp,
-    end: pd.Timestamp,
-    warmup: pd.Timedelta = WARMUP,
-    policy: PlannerPolicy | None = None,
-    cloud: SimulatedCloudConfig | None = None,
-    levels: tuple[float, ...] = (0.5, 0.9, 0.99),
-    queue: Order = DEFAULT_QUEUE,
-) -> WorkloadComparison:
-    """Reactive against predictive on one job stream. The forecaster (a `Forecaster`) is
-    fitted on the per-pool demand (`unique_id` = pool, GPUs, any resolution) before
-    `start - warmup`; the warm-up days then run both modes (and the planner's margin) in,
-    and jobs submitted in [start, end) are scored. The default policy is the planner's
-    with the job-level service knob `JOB_LEVEL_TARGET_SHORTAGE`."""
-    from predictor.data.series import STEP, regularize, resample
-    from scaler.evaluation.replay import rolling_outlook
-
-    policy = policy or PlannerPolicy(target_shortage=JOB_LEVEL_TARGET_SHORTAGE)
-    begin = start - warmup
-    stepped = regularize(resample(demand, STEP), fill="ffill").drop(columns="filled")
-    if not (stepped["ds"] < begin).any():
-        raise InputError(f"no demand before {begin} to fit the model on (warm-up {warmup})")
-    model = forecaster.fit(stepped[stepped["ds"] < begin])
-    lead = max(p.boot_steps(STEP.total_seconds()) for p in pools)
-    outlooks: dict[str, np.ndarray] = {}
-    for pool in pools:
-        series = stepped[stepped["unique_id"] == pool.name].reset_index(drop=True)
-        ds = series["ds"].to_numpy()
-        first = int(np.searchsorted(ds, np.datetime64(begin)))
-        if first < 1 or ds[first] != np.datetime64(begin):
-            raise InputError(f"demand of pool {pool.name!r} does not cover {begin} on the grid")
-        full = rolling_outlook(model, series, ds, first, list(range(1, lead + 2)), levels)
-        outlooks[pool.name] = full[first:]
-    results = {
-        mode: simulate_jobs(
-            jobs, pools, mode, begin, start, end, policy, outlooks, levels, cloud, queue
-        )
-        for mode in ("reactive", "predictive")
-    }
-    return WorkloadComparison(
-        results["reactive"],
-        results["predictive"],
-        start,
-        end,
-        {p.name: p.gpus_per_node for p in pools},
-    )

@@ -12,7 +12,7 @@ import numpy as np
 import pandas as pd
 
 from predictor.foundation.atomic_files import write_file
-from scaler.evaluation.job_simulator import WorkloadComparison
+from scaler.evaluation.job_frontier import WorkloadComparison
 from scaler.evaluation.replay import ReplayOutcome
 from scaler.evaluation.scaling_bench import NOT_BASELINES, lower_envelope
 
@@ -124,30 +124,33 @@ def frontier_plot(
 
 
 def jobs_plot(comparison: WorkloadComparison, path: Path) -> Path:
-    """Per pool: nodes paid by each mode against the GPUs demanded (running + waiting),
-    and the distribution of job waits."""
+    """Per pool: nodes paid by reactive, the best headroom setting (if run) and the default
+    predictive run against the GPUs demanded (running + waiting), and the distribution of
+    job waits."""
     plt = _pyplot()
-    fleets = {
-        "reactive": comparison.reactive.fleet,
-        "predictive": comparison.predictive.fleet,
-    }
-    pools = sorted(fleets["reactive"]["pool"].unique())
+    shown = {"reactive": comparison.reactive}
+    headroom = comparison.best_headroom()
+    if headroom is not None:
+        shown[f"headroom {headroom.knob:g}"] = headroom
+    shown["predictive"] = comparison.predictive
+    pools = sorted(comparison.reactive.fleet["pool"].unique())
     fig, axes = plt.subplots(
         len(pools) + 1, 1, figsize=(12, 3 * (len(pools) + 1)), layout="constrained"
     )
     start = comparison.start
     for ax, pool in zip(axes, pools, strict=False):
-        for mode, frame in fleets.items():
+        for label, result in shown.items():
+            frame = result.fleet
             mine = frame[(frame["pool"] == pool) & (frame["ds"] >= start)]
             ax.step(
                 mine["ds"],
                 mine["nodes"],
                 where="post",
                 lw=0.9,
-                color=COLORS[mode],
-                label=f"{mode} nodes",
+                color=COLORS[result.mode],
+                label=f"{label} nodes",
             )
-        demand = fleets["reactive"]
+        demand = comparison.reactive.fleet
         demand = demand[(demand["pool"] == pool) & (demand["ds"] >= start)]
         ax.plot(
             demand["ds"],
@@ -160,11 +163,11 @@ def jobs_plot(comparison: WorkloadComparison, path: Path) -> Path:
         ax.set_ylabel(f"{pool}: nodes")
         ax.legend(loc="upper left", fontsize=8, ncol=3)
     waits = axes[-1]
-    for mode, result in (("reactive", comparison.reactive), ("predictive", comparison.predictive)):
+    for label, result in shown.items():
         values = np.sort(result.waits)
         if values.size:
             share = np.arange(1, values.size + 1) / values.size
-            waits.step(values, share, where="post", color=COLORS[mode], label=f"{mode}")
+            waits.step(values, share, where="post", color=COLORS[result.mode], label=label)
     waits.set_xscale("symlog", linthresh=1)
     waits.set_xlabel("wait for capacity (minutes)")
     waits.set_ylabel("share of jobs")

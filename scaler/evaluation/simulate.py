@@ -13,7 +13,13 @@ from rich.progress import track
 from predictor.data.loaders import load_trace
 from predictor.foundation.errors import InputError
 from predictor.models.forecast import Forecaster
-from scaler.evaluation.job_simulator import WARMUP, compare_on_workload
+from scaler.evaluation.job_frontier import (
+    FRONTIER_KNOBS,
+    HEADROOM_NODES,
+    compare_on_workload,
+    matched_view,
+)
+from scaler.evaluation.job_simulator import WARMUP
 from scaler.evaluation.scaling_bench import (
     BenchSettings,
     baseline_runs,
@@ -80,7 +86,14 @@ def simulate_jobs(
     days: float,
     boot_minutes: float,
     queue: str = "fifo",
+    *,
+    frontier: bool = False,
+    knobs: list[float] | None = None,
+    workers: int = 1,
 ) -> dict[str, object]:
+    """reactive, headroom at 1-4 spare nodes per pool and predictive at the policy's knob
+    (with `frontier`, also at each of `knobs`, by default `FRONTIER_KNOBS`), on `workers`
+    processes; rows, the matched view and jobs.png."""
 
     generated = generate(load_config(workload), seed=seed, days=days)
     pools = with_boot(generated.pools, boot_minutes)
@@ -97,9 +110,12 @@ def simulate_jobs(
         warmup=min(WARMUP, half / 2),
         policy=policy,
         queue=queue,
+        headroom=HEADROOM_NODES,
+        knobs=(knobs or FRONTIER_KNOBS) if frontier else (),
+        workers=workers,
     )
     rows = comparison.rows()
-    reactive, predictive = rows
+    reactive, predictive = comparison.reactive.row(), comparison.predictive.row()
     out.mkdir(parents=True, exist_ok=True)  # once the inputs are read: none left on bad ones
     placement = comparison.reactive.placement
     return {
@@ -107,6 +123,7 @@ def simulate_jobs(
         f" placement {placement}, queue {queue}",
         "placement": {"policy": placement, "queue": queue},
         "rows": rows,
+        "matched": matched_view(rows),
         "gpu_hours_extra": predictive["gpu_hours"] / reactive["gpu_hours"] - 1,
         "p95_wait_cut_min": reactive["wait_p95_min"] - predictive["wait_p95_min"],
         "pictures": [str(jobs_plot(comparison, out / "jobs.png"))],
