@@ -5,7 +5,7 @@ product uses, with the semantics the client relies on: lists carry a resourceVer
 `?watch=true` streams newline-separated JSON events over chunked HTTP from a given
 resourceVersion (410 Gone once it has been compacted), PUT checks optimistic concurrency,
 PATCH takes merge, strategic-merge (treated as merge) and JSON patches, pods have a
-`status`, `eviction` and `binding` subresources, and leases live in
+`status`, `eviction` (with `?dryRun=All`) and `binding` subresources, and leases live in
 coordination.k8s.io/v1. Resources are declared in one table, so another kind is a line.
 Set `faults` (an `ApiFaults`) and requests over HTTP fail now and then: 500s, and answers
 held past the client's timeout.
@@ -388,13 +388,16 @@ class FakeKube:
             self._record(kind, "DELETED", obj)
             return copy.deepcopy(obj)
 
-    def evict(self, name: str, namespace: str) -> Obj:
+    def evict(self, name: str, namespace: str, dry_run: bool = False) -> Obj:
+        """The pods/eviction subresource: refused as `eviction_policy` says, else the pod
+        is deleted (`dry_run`, as `?dryRun=All`: only checked, nothing deleted)."""
         pod = self.get("pods", name, namespace)
         refusal = self.eviction_policy(pod)
         if refusal is not None:
             code, message = refusal
             raise ApiError(code, HTTPStatus(code).phrase.replace(" ", ""), message)
-        self.delete("pods", name, namespace)
+        if not dry_run:
+            self.delete("pods", name, namespace)
         return status_object(201, "", "")
 
     def compact(self) -> None:
@@ -577,7 +580,8 @@ class _Handler(BaseHTTPRequestHandler):
                 self._send(200, self.kube.get(kind.plural, name, ns))
             elif method == "POST" and sub == "eviction":
                 self._body()
-                self._send(201, self.kube.evict(name or "", ns))
+                dry_run = query.get("dryRun") == "All"
+                self._send(201, self.kube.evict(name or "", ns, dry_run=dry_run))
             elif method == "POST" and sub == "binding":
                 target = self._body()["target"]["name"]
                 self.kube.patch(kind.plural, name or "", {"spec": {"nodeName": target}}, ns)

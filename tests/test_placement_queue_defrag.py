@@ -154,3 +154,16 @@ def test_apply_plan_refuses_a_stale_plan() -> None:
     with pytest.raises(ValueError):
         apply_plan(state, plan)
     assert np.array_equal(before, state.gpu_free)
+
+
+def test_defrag_never_fills_an_idle_node_to_empty_another() -> None:
+    # a's job fits on b (in use) and on e (idle): only b is a target; with b full, nothing.
+    state = cluster(("a", 32, 128, 4, "T4"), ("b", 32, 128, 4, "T4"), ("e", 32, 128, 4, "T4"))
+    state.bind(job("a1", 4, gpus=1), 0, (0,))
+    state.bind(job("b1", 4, gpus=2), 1, (0, 1))
+    for policy in ("bestfit", "dotprod", "gpuclustering", "random"):
+        plan = plan_defrag(state, make_policy(policy), goal="nodes", max_moves=4)
+        check_plan(state, plan)
+        assert all(m.target != "e" for m in plan.moves), policy
+    state.bind(job("b2", 4, gpus=2), 1, (2, 3))
+    assert plan_defrag(state, POLICY, goal="nodes", max_moves=4).moves == ()

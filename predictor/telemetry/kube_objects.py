@@ -6,10 +6,11 @@ annotation gpuscale marks a node it is removing with) is said once, in `KubeName
 names Kubernetes and Cluster Autoscaler fix (mirror pods, safe-to-evict) once, here. What
 a pod asks (whole GPUs and the share of each, CPU, memory, priority, the pool it wants,
 whether it is one of gpuscale's placeholders, whether it goes with its node, whether it
-has finished, whether it may be evicted) is read once, by `read_pod`; a node's capacity
-and scheduling attributes by `read_node`. Telemetry counts demand from these readings and the
-scaler turns them into the placement engine's jobs and nodes (scaler.kube.objects), so the
-demand series, the live loop, the service and the extender agree on every pod.
+has finished, whether it may be evicted, which controller recreates it) is read once, by
+`read_pod`; a node's capacity and scheduling attributes by `read_node`. Telemetry counts
+demand from these readings and the scaler turns them into the placement engine's jobs and
+nodes (scaler.kube.objects), so the demand series, the live loop, the service and the
+extender agree on every pod.
 
 Both readings take an object in its JSON form: what the API server sends (and the
 scheduler extender receives), what `ApiClient.sanitize_for_serialization` makes of the
@@ -46,6 +47,10 @@ class KubeNames:
     # node: gpuscale cordoned it to remove it (the value: when the removal started)
     removal_annotation: str = "gpuscale.io/removal-started"
     spec_hash_label: str = "gpuscale.io/spec-hash"  # placeholder pod: the hash of its spec
+    # pod: "true" lets defragmentation evict it to move it (a priority class may, too)
+    movable_label: str = "gpuscale.io/movable"
+    # node: the moves defragmentation planned onto it, for the extender to steer them
+    moves_annotation: str = "gpuscale.io/planned-moves"
     placeholder_labels: tuple[tuple[str, str], ...] = (
         ("app.kubernetes.io/managed-by", "gpuscale"),
         ("app.kubernetes.io/component", "placeholder"),
@@ -127,6 +132,11 @@ class PodRequest:
     deleting: bool  # its deletion has begun (a deletionTimestamp)
     gpu_indices: tuple[int, ...] | None  # from the GPU index annotation, if readable
     share_problem: str | None = None  # a GPU-share annotation that is no share (read whole)
+    priority_class: str | None = None  # spec.priorityClassName
+    # The owner that recreates it when it is evicted (the ownerReference marked controller):
+    # its uid, and kind/name for people. None: nothing brings it back.
+    controller_uid: str | None = None
+    controller: str | None = None
 
     @property
     def id(self) -> str:
@@ -299,6 +309,7 @@ def read_pod(pod: Any, names: KubeNames = KUBE_NAMES) -> PodRequest:
     owners = _list(meta.get("ownerReferences"))
     gpus = int(pod_requests(spec, names.gpu_resource))
     share, problem = _share(gpus, annotations, names)
+    controller_uid, controller = _controller(owners)
     return PodRequest(
         namespace=str(meta.get("namespace") or "default"),
         name=str(meta.get("name") or ""),
@@ -323,7 +334,18 @@ def read_pod(pod: Any, names: KubeNames = KUBE_NAMES) -> PodRequest:
         deleting=meta.get("deletionTimestamp") is not None,
         gpu_indices=_indices(annotations.get(names.gpus_annotation)),
         share_problem=problem,
+        priority_class=spec.get("priorityClassName") or None,
+        controller_uid=controller_uid,
+        controller=controller,
     )
+
+
+def _controller(owners: list[Any]) -> tuple[str | None, str | None]:
+    """(uid, kind/name) of the ownerReference marked controller, or (None, None)."""
+    for owner in map(_map, owners):
+        if owner.get("controller") and owner.get("uid"):
+            return str(owner["uid"]), f"{owner.get('kind', '')}/{owner.get('name', '')}"
+    return None, None
 
 
 def read_node(node: Any, names: KubeNames = KUBE_NAMES) -> NodeFacts:

@@ -27,7 +27,7 @@ if TYPE_CHECKING:
 PAUSE_ENV = "GPUSCALE_PAUSE_AT"
 CONFIG_HELP = (
     "Live config YAML (state_dir, pools, provider, kubernetes, demand, model, policy, lease,"
-    " placement, service). GPUSCALE_* environment variables override it."
+    " placement, service, defrag). GPUSCALE_* environment variables override it."
 )
 
 

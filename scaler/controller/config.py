@@ -248,6 +248,31 @@ class PlacementSection(_Section):
     sync_s: float = Field(default=5.0, ge=0, description="re-list Kubernetes at most this often")
 
 
+class DefragSection(_Section):
+    """`gpuscale defrag`: which pods may be moved, how many moves a window allows, and how
+    long the extender steers a moved pod's successor to its planned node."""
+
+    goal: Literal["nodes", "gpus"] = Field(
+        default="nodes", description="empty whole nodes, or whole GPUs of shared ones"
+    )
+    max_moves: int = Field(default=10, ge=0, description="evictions per window, at most")
+    window_s: float = Field(default=3600.0, gt=0, description="the window max_moves counts in")
+    priority_classes: tuple[str, ...] = Field(
+        default=(),
+        description="pods of these priority classes may be moved, as may pods labelled"
+        " gpuscale.io/movable=true",
+    )
+    steer_s: float = Field(
+        default=900.0, gt=0, description="a planned move steers its pod's successor this long"
+    )
+    hold_s: float = Field(
+        default=60.0,
+        ge=0,
+        description="while the planned node cannot take the successor yet (the evicted pod"
+        " still terminating), the extender keeps it pending this long",
+    )
+
+
 class ServiceSection(_Section):
     token: SecretStr | None = Field(default=None, description="bearer token for mutating calls")
     token_file: Path | None = Field(default=None, description="file holding the token (Secret)")
@@ -271,7 +296,7 @@ class ServiceSection(_Section):
 
 
 class LiveConfig(FileSettings):
-    """Everything `gpuscale scale` and `gpuscale serve` need."""
+    """Everything `gpuscale scale`, `gpuscale serve` and `gpuscale defrag` need."""
 
     state_dir: Path = Field(description="holds the telemetry store and the decision log")
     reconcile_interval_s: float = Field(default=60.0, gt=0)
@@ -284,6 +309,7 @@ class LiveConfig(FileSettings):
     lease: LeaseSection = LeaseSection()
     placement: PlacementSection = PlacementSection()
     service: ServiceSection = ServiceSection()
+    defrag: DefragSection = DefragSection()
 
     @model_validator(mode="after")
     def _consistent(self) -> LiveConfig:

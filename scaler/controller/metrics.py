@@ -1,8 +1,10 @@
-"""The reconcile loop's Prometheus metrics, in a registry of their own (no process globals).
+"""The reconcile loop's Prometheus metrics, and defragmentation's, each in a registry of
+their own (no process globals).
 
-`gpuscale scale --metrics-port` serves them; the Grafana dashboard
-(deploy/grafana/gpuscale-dashboard.json) and the alert rules (deploy/prometheus/alerts.yaml)
-read them. Gauges hold what the last pass saw and decided; counters count passes and actions.
+`gpuscale scale --metrics-port` and `gpuscale defrag --metrics-port` serve them; the
+Grafana dashboard (deploy/grafana/gpuscale-dashboard.json) and the alert rules
+(deploy/prometheus/alerts.yaml) read the loop's. Gauges hold what the last pass saw and
+decided; counters count passes and actions.
 """
 
 from __future__ import annotations
@@ -11,6 +13,7 @@ from collections.abc import Callable
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, start_http_server
 
+from scaler.controller.defrag import DefragOutcome
 from scaler.controller.reconcile import PassOutcome
 
 
@@ -118,13 +121,79 @@ class LoopMetrics:
             self.decision.labels(*labels).set(d.desired.get(decision.pool, 0) - decision.current)
 
     def serve(self, port: int, addr: str = "0.0.0.0") -> Callable[[], None]:  # nosec B104
-        """Serve /metrics over HTTP (all interfaces by default: Prometheus scrapes the pod
-        IP); returns the function that stops it."""
-        server, thread = start_http_server(port, addr=addr, registry=self.registry)
+        return serve_registry(self.registry, port, addr)
 
-        def stop() -> None:
-            server.shutdown()
-            server.server_close()
-            thread.join(timeout=5)
 
-        return stop
+class DefragMetrics:
+    """What `gpuscale defrag` planned and did, pass by pass."""
+
+    def __init__(self) -> None:
+        self.registry = CollectorRegistry()
+        r = self.registry
+        self.runs = Counter(
+            "gpuscale_defrag_runs",
+            "Defragmentation passes by result (ok, move_failed, failed: nothing could be read)",
+            ["result"],
+            registry=r,
+        )
+        self.moves = Counter(
+            "gpuscale_defrag_moves",
+            "Planned moves by status (done; blocked: a PodDisruptionBudget refused it;"
+            " skipped: the node or GPU it was to free could not be; failed)",
+            ["status"],
+            registry=r,
+        )
+        self.planned = Gauge(
+            "gpuscale_defrag_planned_moves", "Moves the last pass planned", registry=r
+        )
+        self.idle = Gauge(
+            "gpuscale_defrag_idle_gpus",
+            "Idle GPUs in the cluster as the last pass found them (now) and as its plan leaves"
+            " them (planned)",
+            ["when"],
+            registry=r,
+        )
+        self.window = Gauge(
+            "gpuscale_defrag_window_moves",
+            "Moves made in the current window (at most defrag.max_moves)",
+            registry=r,
+        )
+        self.last_run = Gauge(
+            "gpuscale_defrag_last_run_timestamp_seconds",
+            "Unix time of the last pass that planned",
+            registry=r,
+        )
+
+    def failed_run(self) -> None:
+        self.runs.labels("failed").inc()
+
+    def observe(self, outcome: DefragOutcome, at: float) -> None:
+        report = outcome.report
+        self.runs.labels("move_failed" if outcome.errors else "ok").inc()
+        for result in outcome.results:
+            self.moves.labels(result.status).inc()
+        self.planned.set(len(report.steps))
+        self.idle.labels("now").set(report.idle_gpus_before)
+        self.idle.labels("planned").set(report.idle_gpus_after)
+        self.window.set(report.made_in_window + outcome.count("done"))
+        self.last_run.set(at)
+
+    def serve(self, port: int, addr: str = "0.0.0.0") -> Callable[[], None]:  # nosec B104
+        return serve_registry(self.registry, port, addr)
+
+
+def serve_registry(
+    registry: CollectorRegistry,
+    port: int,
+    addr: str = "0.0.0.0",  # nosec B104
+) -> Callable[[], None]:
+    """Serve /metrics over HTTP (all interfaces by default: Prometheus scrapes the pod
+    IP); returns the function that stops it."""
+    server, thread = start_http_server(port, addr=addr, registry=registry)
+
+    def stop() -> None:
+        server.shutdown()
+        server.server_close()
+        thread.join(timeout=5)
+
+    return stop

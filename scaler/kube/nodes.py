@@ -17,7 +17,7 @@ gpuscale reads them (`read_node`, `read_pod`).
 from __future__ import annotations
 
 import time
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from enum import StrEnum
@@ -35,6 +35,7 @@ from predictor.telemetry.kube_objects import (
     read_pod,
 )
 from scaler.kube.errors import API_ERRORS, KubeError, Refusal, kube_call, kube_error
+from scaler.kube.evictions import BlockingPod, request_eviction
 from scaler.providers.base import CloudProvider, ProviderError
 
 
@@ -48,14 +49,6 @@ class RemovalStatus(StrEnum):
     REMOVED = "removed"  # the provider deleted the node (or already had)
     BLOCKED = "blocked"  # cordoned, but pods would not leave before the timeout
     REFUSED = "refused"  # not touched: no group holds it, or its group is at min size
-
-
-@dataclass(frozen=True, slots=True)
-class BlockingPod:
-    namespace: str
-    name: str
-    reason: str
-    budget: str | None = None  # the PodDisruptionBudget that refused its eviction
 
 
 @dataclass(frozen=True, slots=True)
@@ -77,25 +70,6 @@ def eviction_order(pods: Iterable[PodRequest]) -> list[PodRequest]:
     return sorted(movable, key=lambda p: (not p.placeholder, p.namespace, p.name))
 
 
-def selector_matches(selector: k8s.V1LabelSelector | None, labels: Mapping[str, str]) -> bool:
-    """A LabelSelector; a null one selects nothing, an empty one everything."""
-    if selector is None:
-        return False
-    if any(labels.get(k) != v for k, v in (selector.match_labels or {}).items()):
-        return False
-    for term in selector.match_expressions or []:
-        present, values = term.key in labels, term.values or []
-        if term.operator == "In" and (not present or labels[term.key] not in values):
-            return False
-        if term.operator == "NotIn" and present and labels[term.key] in values:
-            return False
-        if term.operator == "Exists" and not present:
-            return False
-        if term.operator == "DoesNotExist" and present:
-            return False
-    return True
-
-
 class NodeRemoval:
     """Cordon -> drain -> delete through the provider, for one node at a time. Nodes and
     pods are read as `read_node` and `read_pod` read them, with `names`' conventions."""
@@ -112,7 +86,6 @@ class NodeRemoval:
         self.settings = settings or DrainSettings()
         self._api = api
         self._core = k8s.CoreV1Api(api)
-        self._policy = k8s.PolicyV1Api(api)
         self._provider = provider
         self._clock = clock
         self._sleep = sleep
@@ -240,28 +213,4 @@ class NodeRemoval:
             return BlockingPod(ns, name, f'annotated {SAFE_TO_EVICT_ANNOTATION}: "false"')
         if pod.deleting:
             return None  # already going
-        eviction = k8s.V1Eviction(metadata=k8s.V1ObjectMeta(name=name, namespace=ns))
-        # 429: a budget refuses; 500: two budgets cover the pod; 404: already gone.
-        answer = kube_call(
-            f"evict {ns}/{name}",
-            lambda: self._core.create_namespaced_pod_eviction(name, ns, eviction),
-            expect=(
-                HTTPStatus.NOT_FOUND,
-                HTTPStatus.TOO_MANY_REQUESTS,
-                HTTPStatus.INTERNAL_SERVER_ERROR,
-            ),
-        )
-        if isinstance(answer, Refusal) and answer.status != HTTPStatus.NOT_FOUND:
-            return BlockingPod(ns, name, str(answer), self._budget_of(pod))
-        return None
-
-    def _budget_of(self, pod: PodRequest) -> str | None:
-        labels = dict(pod.labels)
-        try:
-            budgets = self._policy.list_namespaced_pod_disruption_budget(pod.namespace).items
-        except API_ERRORS:
-            return None  # naming the budget is a courtesy; the refusal stands anyway
-        names = sorted(
-            b.metadata.name for b in budgets if selector_matches(b.spec.selector, labels)
-        )
-        return ", ".join(names) or None
+        return request_eviction(self._api, pod)

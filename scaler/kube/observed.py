@@ -14,7 +14,9 @@ an `ObservedCluster`:
   the node offers what is left beside them and no scale-down check tries to move them;
 - the pending pods (unbound, not finished) as jobs, placeholders flagged;
 - per node what the loop needs to remove it: its pool label, its provider's name, the real
-  pods a drain would move and whether real pods hold GPUs there.
+  pods a drain would move and whether real pods hold GPUs there;
+- the pods bound into the state (by job id), for what a job's pod says beyond the job (may
+  it be moved, what recreates it), and the moves defragmentation planned onto each node.
 
 Whatever reads the cluster to decide (the reconcile loop's fleet, its reactive floor, the
 scale-down check, the placeholder sizing) reads this one snapshot.
@@ -39,6 +41,7 @@ from predictor.telemetry.kube_objects import (
 from scaler.cluster.job import Job
 from scaler.cluster.snapshot import ClusterState, NodeSpec
 from scaler.kube.errors import kube_call
+from scaler.kube.moves import PlannedMove, read_moves
 from scaler.kube.objects import job_of, spec_of
 from scaler.placement.policies.base import best_fit_gpus
 
@@ -74,6 +77,8 @@ class ObservedCluster:
     pending_gpus: Mapping[str | None, float] = field(default_factory=dict)  # real, per pool
     unbound: Mapping[str, str] = field(default_factory=dict)  # bound pod -> why not in state
     taints: frozenset[str] = frozenset()  # every node's scheduling taints
+    bound_pods: Mapping[str, PodRequest] = field(default_factory=dict)  # by job id, in state
+    moves: Mapping[str, tuple[PlannedMove, ...]] = field(default_factory=dict)  # by target
 
     @property
     def real_pending(self) -> tuple[Job, ...]:
@@ -150,6 +155,8 @@ def observed_cluster(
         state = ClusterState.from_nodes(list(specs.values()))
         state.set_draining(i for i, n in enumerate(state.names) if observed[n].draining)
         unbound = _bind(state, bound)
+    in_state = {} if state is None else state.jobs
+    moves = {name: tuple(read_moves(node.annotations, names)) for name, (node, _) in facts.items()}
     return ObservedCluster(
         state=state,
         nodes=observed,
@@ -159,6 +166,8 @@ def observed_cluster(
         pending_gpus=pending_gpus,
         unbound=unbound,
         taints=taints,
+        bound_pods={job.id: pod for pod, job in bound if job.id in in_state},
+        moves={name: found for name, found in moves.items() if found},
     )
 
 

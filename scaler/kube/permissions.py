@@ -28,12 +28,12 @@ class Permission:
 API_CALLS: dict[str, Permission] = {
     "list_node": Permission("", "nodes", "list"),
     "read_node": Permission("", "nodes", "get"),
-    "patch_node": Permission("", "nodes", "patch"),  # cordon and uncordon
+    "patch_node": Permission("", "nodes", "patch"),  # cordon, uncordon; defrag's move notes
     "list_pod_for_all_namespaces": Permission("", "pods", "list"),
     "read_namespaced_pod": Permission("", "pods", "get"),  # extender bind: the pod's requests
     "patch_namespaced_pod": Permission("", "pods", "patch"),  # extender bind: GPU annotation
     "create_namespaced_pod_binding": Permission("", "pods/binding", "create"),
-    "create_namespaced_pod_eviction": Permission("", "pods/eviction", "create"),  # drain
+    "create_namespaced_pod_eviction": Permission("", "pods/eviction", "create"),  # drain, defrag
     "list_namespaced_pod_disruption_budget": Permission("policy", "poddisruptionbudgets", "list"),
     "read_priority_class": Permission("scheduling.k8s.io", "priorityclasses", "get"),
     "create_priority_class": Permission("scheduling.k8s.io", "priorityclasses", "create"),
@@ -49,14 +49,17 @@ API_CALLS: dict[str, Permission] = {
 
 # The modules whose API calls each deployed component makes. The scaler pod runs the
 # reconcile loop and, beside it, a collector reading demand from the API server (informers:
-# list + watch); the service lists the cluster for placement, binds for kube-scheduler and
-# observes the fleet for /v1/plan. The node collector (NVML) talks to no API server.
+# list + watch); `gpuscale defrag` runs with the scaler's account (evictions, the move
+# notes on nodes). The service lists the cluster for placement, binds for kube-scheduler
+# and observes the fleet for /v1/plan. The node collector (NVML) talks to no API server.
 COMPONENT_MODULES: dict[str, tuple[str, ...]] = {
     "scaler": (
         "scaler/controller/leader.py",
         "scaler/kube/nodes.py",
         "scaler/kube/placeholders.py",
         "scaler/kube/observed.py",
+        "scaler/kube/moves.py",
+        "scaler/kube/evictions.py",
         "predictor/telemetry/kubernetes.py",
     ),
     "service": (

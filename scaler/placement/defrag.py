@@ -2,7 +2,9 @@
 
 Goal `nodes` (so the scaler can remove nodes): nodes are tried cheapest first (fewest jobs,
 then least GPU held); a node is evacuated only if every one of its jobs finds a place on
-another node within the remaining move budget, chosen by the placement policy. Goal
+another node within the remaining move budget, chosen by the placement policy among the
+nodes already in use (a node idle before the plan is never a target: filling it would only
+move the empty node elsewhere). Goal
 `gpus` (so multi-GPU jobs fit): partly used GPUs are tried the same way, moving their
 GPU-sharing jobs onto the fullest other partly used GPU that holds them (possibly on the
 same node); moving onto an idle GPU would only shift the hole, so it is never done.
@@ -61,7 +63,10 @@ def plan_defrag(
     moves: list[Move] = []
     freed_nodes: list[str] = []
     freed_gpus: list[tuple[str, int]] = []
-    reserved = np.zeros(state.size, dtype=bool)  # freed nodes must stay empty
+    # Freed nodes must stay empty; for whole nodes, idle ones too (see the docstring).
+    reserved = np.zeros(state.size, dtype=bool)
+    if goal == "nodes":
+        reserved[[n for n in range(state.size) if state.is_empty(n)]] = True
     received: set[tuple[int, int | None]] = set()  # targets are not emptied in turn
     for node, gpu in _units(scratch, goal):
         if (node, gpu) in received:

@@ -20,7 +20,7 @@ from __future__ import annotations
 import threading
 import time
 from collections import OrderedDict
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from http import HTTPStatus
 
@@ -30,6 +30,7 @@ from scaler.cluster.templates import template_node
 from scaler.controller.config import kube_names, workload_mix
 from scaler.controller.system import LiveSystem
 from scaler.kube.errors import KubeError, Refusal, kube_call
+from scaler.kube.moves import PlannedMove
 from scaler.kube.objects import node_spec
 from scaler.kube.observed import ObservedCluster
 from scaler.placement import (
@@ -100,6 +101,12 @@ class LiveCluster:
 
     def ready(self) -> bool:
         return self.state() is not None
+
+    def planned_moves(self) -> Mapping[str, tuple[PlannedMove, ...]]:
+        """The moves defragmentation noted on the nodes, as last listed (none unless the
+        nodes come from Kubernetes)."""
+        with self._lock:
+            return {} if self._seen is None else self._seen.moves
 
     # ---- changing ---------------------------------------------------------------------------
     def place(

@@ -1,11 +1,14 @@
-"""The extender verbs over the live cluster: filter, prioritize, bind (see `scheduling`)."""
+"""The extender verbs over the live cluster: filter, prioritize, bind (see `scheduling`);
+pods that defragmentation moved are steered to their planned nodes (see `steering`)."""
 
 from __future__ import annotations
 
 from kubernetes import client as k8s
 
 from predictor.foundation.errors import InputError
+from predictor.telemetry.kube_objects import read_pod
 from scaler.kube.errors import KubeError, kube_call
+from scaler.kube.moves import read_moves
 from scaler.kube.objects import parse_taint, pod_job, taint_text
 from scaler.placement import Job, Placement
 from scaler.service.cluster import LiveCluster
@@ -15,13 +18,34 @@ from scaler.service.models import (
     ExtenderBindingResult,
     ExtenderFilterResult,
     HostPriority,
+    KubeNodeList,
+    KubePod,
 )
 from scaler.service.scheduling import filter_nodes, place_on, rank
+from scaler.service.steering import (
+    Steer,
+    Steering,
+    planned_placement,
+    steer_filter,
+    steer_scores,
+)
 
 
 class Extender:
-    def __init__(self, cluster: LiveCluster) -> None:
+    def __init__(self, cluster: LiveCluster, steering: Steering | None = None) -> None:
         self.cluster = cluster
+        self.steering = steering or Steering()
+
+    def _steer(self, pod: KubePod, job: Job, given: KubeNodeList | None) -> Steer | None:
+        """The planned move `pod` follows, if defragmentation moved it (call with the
+        cluster's lock held). Nodes the scheduler sent carry their notes as they are now;
+        the others as last listed."""
+        names = self.cluster.names
+        moves = dict(self.cluster.planned_moves())
+        for node in given.items if given is not None else ():
+            moves[node.metadata.name] = tuple(read_moves(node.metadata.annotations, names))
+        key = pod.metadata.uid or f"{pod.metadata.namespace}/{pod.metadata.name}"
+        return self.steering.steer(read_pod(pod, names), job, moves, key)
 
     def _job_and_candidates(self, args: ExtenderArgs) -> tuple[Job, list[str]]:
         cluster = self.cluster
@@ -48,6 +72,10 @@ class Extender:
             if state is None:
                 return ExtenderFilterResult(Error="gpuscale knows no nodes yet")
             found = filter_nodes(state, job, candidates)
+            steer = self._steer(args.Pod, job, args.Nodes)
+        if steer is not None:
+            hold_s = self.cluster.system.config.defrag.hold_s
+            found = steer_filter(found, steer, self.steering.now(), hold_s)
         result = ExtenderFilterResult(
             FailedNodes=found.failed, FailedAndUnresolvableNodes=found.unresolvable
         )
@@ -71,6 +99,9 @@ class Extender:
             if state is None:
                 return [HostPriority(Host=name, Score=0) for name in candidates]
             scores = rank(state, job, self.cluster.policy, candidates)
+            steer = self._steer(args.Pod, job, args.Nodes)
+        if steer is not None:
+            scores = steer_scores(scores, steer)
         return [HostPriority(Host=name, Score=score) for name, score in scores]
 
     def bind(self, args: ExtenderBindingArgs) -> ExtenderBindingResult:
@@ -92,7 +123,13 @@ class Extender:
                 return ExtenderBindingResult(Error=f"pod {args.PodNamespace}/{args.PodName}: {exc}")
             if job.id in state.jobs:
                 state.release(job.id)  # a bind the scheduler retries
-            decided = place_on(state, job, cluster.policy, args.Node)
+            steer = self._steer(pod, job, None)
+            planned = (
+                None
+                if steer is None
+                else planned_placement(state, job, steer, args.Node, cluster.policy.name)
+            )
+            decided = planned or place_on(state, job, cluster.policy, args.Node)
             if not isinstance(decided, Placement):
                 return ExtenderBindingResult(Error=f"cannot bind to {args.Node}: {decided.reason}")
             cluster.record_bind(job, decided)

@@ -1,0 +1,188 @@
+"""CLI command: `gpuscale defrag` (the bounded move plan, and with --apply the moves)."""
+
+from __future__ import annotations
+
+import json
+import logging
+import signal
+import threading
+import time
+from pathlib import Path
+from typing import TYPE_CHECKING, Annotated, Literal
+
+import typer
+
+from scaler.cli.live import CONFIG_HELP
+from scaler.cli.output import table_console
+
+if TYPE_CHECKING:
+    from scaler.controller.defrag import DefragOutcome
+
+
+def register(app: typer.Typer, bench: typer.Typer) -> None:
+    """Add this module's command to the app."""
+    app.command("defrag")(defrag)
+
+
+def defrag(
+    config: Annotated[Path, typer.Option("--config", envvar="GPUSCALE_CONFIG", help=CONFIG_HELP)],
+    apply: Annotated[
+        bool, typer.Option("--apply", help="Evict the planned pods (PDBs respected).")
+    ] = False,
+    goal: Annotated[
+        Literal["nodes", "gpus"] | None,
+        typer.Option("--goal", help="Empty whole nodes or whole GPUs (default: defrag.goal)."),
+    ] = None,
+    max_moves: Annotated[
+        int | None,
+        typer.Option("--max-moves", min=0, help="Moves per window (default: defrag.max_moves)."),
+    ] = None,
+    window: Annotated[
+        float | None,
+        typer.Option("--window", min=1.0, help="Window in seconds (default: defrag.window_s)."),
+    ] = None,
+    every: Annotated[
+        float | None,
+        typer.Option("--every", min=1.0, help="Repeat every this many seconds until stopped."),
+    ] = None,
+    as_json: Annotated[bool, typer.Option("--json", help="Print each pass as JSON.")] = False,
+    metrics_port: Annotated[
+        int | None,
+        typer.Option("--metrics-port", min=1, max=65535, help="Serve /metrics on this port."),
+    ] = None,
+) -> None:
+    """Plan defragmentation moves on the live cluster and, with --apply, make them.
+
+    Lists the cluster as the live loop does and plans at most --max-moves moves per
+    --window (the moves made are kept in the state directory, so repeated runs never exceed
+    it) with the service's placement policy: whole nodes emptied (--goal nodes) or whole
+    GPUs freed of their sharing pods (--goal gpus). Only pods labelled
+    gpuscale.io/movable=true, or of a priority class in defrag.priority_classes, that a
+    controller recreates, are moved. Prints every move with its reason, the idle GPUs per
+    node before and after, and which pending pods and job-mix shapes then fit.
+
+    Dry run by default: nothing in the cluster changes. With --apply, a node or GPU one of
+    whose moves a PodDisruptionBudget refuses is skipped with the reason; the other moves
+    are noted on their target nodes, so the extender steers each evicted pod's successor
+    there, and evicted through the Eviction API. Moves are journaled in decisions.sqlite.
+
+    Exits 0 when the pass ran (moves a budget blocked included), 1 when the cluster could
+    not be read or an eviction failed.
+    """
+    from predictor.foundation.errors import InputError
+    from scaler.controller.config import load_live_config
+    from scaler.controller.defrag import Defragmenter
+    from scaler.controller.journal import DecisionJournal
+    from scaler.controller.metrics import DefragMetrics
+    from scaler.controller.system import kube_client
+    from scaler.kube.errors import KubeError
+
+    logging.basicConfig(
+        level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s"
+    )
+    settings = load_live_config(config)
+    if settings.kubernetes is None:
+        raise InputError("gpuscale defrag needs the config's kubernetes section", path=config)
+    overrides = {"goal": goal, "max_moves": max_moves, "window_s": window}
+    section = settings.defrag.model_copy(
+        update={k: v for k, v in overrides.items() if v is not None}
+    )
+    api = kube_client(settings.kubernetes)
+    defragmenter = Defragmenter(settings, api, DecisionJournal(settings.state_dir))
+    metrics = DefragMetrics()
+    stop_metrics = metrics.serve(metrics_port) if metrics_port is not None else None
+    stop = threading.Event()
+    previous = {s: signal.signal(s, lambda *_: stop.set()) for s in (signal.SIGTERM, signal.SIGINT)}
+    failed = False
+    try:
+        while not stop.is_set():
+            try:
+                outcome = defragmenter.run(apply, section)
+            except KubeError as exc:
+                logging.getLogger(__name__).error("defragmentation failed: %s", exc)
+                metrics.failed_run()
+                failed = True
+            else:
+                metrics.observe(outcome, time.time())
+                _report(outcome, as_json)
+                failed = bool(outcome.errors)
+            if every is None:
+                break
+            stop.wait(every)
+    finally:
+        if stop_metrics is not None:
+            stop_metrics()
+        api.close()
+        for signum, handler in previous.items():
+            signal.signal(signum, handler)
+    if failed:
+        raise typer.Exit(1)
+
+
+def _report(outcome: DefragOutcome, as_json: bool) -> None:
+    if as_json:
+        typer.echo(json.dumps(outcome.to_dict(), default=str))
+        return
+    from rich.table import Table
+
+    report = outcome.report
+    mode = "applied" if outcome.applied else "dry run"
+    console = table_console()
+    title = (
+        f"defragmentation plan (goal {report.goal}, {report.policy} policy, {mode}):"
+        f" {len(report.steps)} moves; {report.made_in_window} of {report.max_moves} made in"
+        f" the last {report.window_s:g} s"
+    )
+    moves = Table(title=title)
+    for column in ("#", "pod", "controller", "from", "to", "GPUs", "frees", "reason"):
+        moves.add_column(column, justify="right" if column == "#" else "left")
+    for i, step in enumerate(report.steps, start=1):
+        gpus = ",".join(map(str, step.target_gpus)) or "-"
+        moves.add_row(
+            str(i), step.job, step.controller, step.source, step.target, gpus,
+            step.frees, step.reason,
+        )  # fmt: skip
+    console.print(moves)
+    if report.nodes:
+        nodes = Table(title="what it frees, per node")
+        for column in ("node", "idle GPUs", "free shares on partly used GPUs"):
+            nodes.add_column(column)
+        for n in report.nodes:
+            nodes.add_row(
+                n.node,
+                f"{n.idle_gpus_before} -> {n.idle_gpus_after}",
+                f"{n.free_share_before / 1000:g} -> {n.free_share_after / 1000:g} GPU",
+            )
+        console.print(nodes)
+    console.print(
+        f"idle GPUs {report.idle_gpus_before} -> {report.idle_gpus_after}; nodes with every"
+        f" GPU idle {report.idle_nodes_before} -> {report.idle_nodes_after}; most idle GPUs"
+        f" on one node {report.largest_idle_before} -> {report.largest_idle_after}"
+    )
+    if report.shapes:
+        shapes = Table(title="nodes that can take one more (pending pods, the job mix)")
+        shapes.add_column("shape")
+        shapes.add_column("nodes", justify="right")
+        for shape in report.shapes:
+            change = ""
+            if shape.nodes_before == 0 < shape.nodes_after:
+                change = "  (now placeable)"
+            elif shape.nodes_before > 0 == shape.nodes_after:
+                change = "  (no longer placeable)"
+            shapes.add_row(shape.label, f"{shape.nodes_before} -> {shape.nodes_after}{change}")
+        console.print(shapes)
+    for why, count in sorted(report.unmovable.items()):
+        console.print(f"left in place: {count} pod(s): {why}")
+    if report.budget == 0:
+        console.print("[yellow]no move left in this window[/]")
+    for entry in outcome.settled:
+        console.print(f"settled from a killed run: {entry['job']} {entry['status']}")
+    if outcome.results:
+        results = Table(title="moves made")
+        for column in ("pod", "status", "result"):
+            results.add_column(column)
+        for r in outcome.results:
+            results.add_row(r.step.job, r.status, r.result)
+        console.print(results)
+    for error in outcome.errors:
+        console.print(f"[red]error[/]: {error}")

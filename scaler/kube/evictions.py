@@ -1,0 +1,81 @@
+"""Evictions through the Eviction API, as the drain and defragmentation ask them.
+
+An eviction is refused, not failed, when a PodDisruptionBudget stands in the way (429) or
+two budgets cover the pod (500); the refusal names the budget (listed only to say which:
+the API server's answer stands either way). `dry_run` asks the same question without
+evicting (`dryRun=All`), so a caller can learn before it disrupts anything.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass
+from http import HTTPStatus
+
+from kubernetes import client as k8s
+
+from predictor.telemetry.kube_objects import PodRequest
+from scaler.kube.errors import API_ERRORS, Refusal, kube_call
+
+
+@dataclass(frozen=True, slots=True)
+class BlockingPod:
+    namespace: str
+    name: str
+    reason: str
+    budget: str | None = None  # the PodDisruptionBudget that refused its eviction
+
+
+def selector_matches(selector: k8s.V1LabelSelector | None, labels: Mapping[str, str]) -> bool:
+    """A LabelSelector; a null one selects nothing, an empty one everything."""
+    if selector is None:
+        return False
+    if any(labels.get(k) != v for k, v in (selector.match_labels or {}).items()):
+        return False
+    for term in selector.match_expressions or []:
+        present, values = term.key in labels, term.values or []
+        if term.operator == "In" and (not present or labels[term.key] not in values):
+            return False
+        if term.operator == "NotIn" and present and labels[term.key] in values:
+            return False
+        if term.operator == "Exists" and not present:
+            return False
+        if term.operator == "DoesNotExist" and present:
+            return False
+    return True
+
+
+def request_eviction(
+    api: k8s.ApiClient, pod: PodRequest, dry_run: bool = False
+) -> BlockingPod | None:
+    """Evict `pod` through the Eviction API (PodDisruptionBudgets respected), or with
+    `dry_run` only ask whether it would be allowed. A BlockingPod naming the refusal and
+    the budget behind it; None when allowed (or the pod is already gone). Any other
+    failure raises KubeError."""
+    core = k8s.CoreV1Api(api)
+    ns, name = pod.namespace, pod.name
+    eviction = k8s.V1Eviction(metadata=k8s.V1ObjectMeta(name=name, namespace=ns))
+    options = {"dry_run": "All"} if dry_run else {}
+    # 429: a budget refuses; 500: two budgets cover the pod; 404: already gone.
+    answer = kube_call(
+        f"evict {ns}/{name}",
+        lambda: core.create_namespaced_pod_eviction(name, ns, eviction, **options),
+        expect=(
+            HTTPStatus.NOT_FOUND,
+            HTTPStatus.TOO_MANY_REQUESTS,
+            HTTPStatus.INTERNAL_SERVER_ERROR,
+        ),
+    )
+    if isinstance(answer, Refusal) and answer.status != HTTPStatus.NOT_FOUND:
+        return BlockingPod(ns, name, str(answer), _budget_of(api, pod))
+    return None
+
+
+def _budget_of(api: k8s.ApiClient, pod: PodRequest) -> str | None:
+    labels = dict(pod.labels)
+    try:
+        budgets = k8s.PolicyV1Api(api).list_namespaced_pod_disruption_budget(pod.namespace).items
+    except API_ERRORS:
+        return None  # naming the budget is a courtesy; the refusal stands anyway
+    names = sorted(b.metadata.name for b in budgets if selector_matches(b.spec.selector, labels))
+    return ", ".join(names) or None
