@@ -353,6 +353,7 @@ def test_each_move_steers_one_successor_and_a_retried_pod_keeps_its_move() -> No
     assert steering.steer(*first, moves, "uid-x") == Steer("n2", moves["n2"][0])
     assert steering.steer(*second, moves, "uid-y") == Steer("n3", moves["n3"][0])
     assert steering.steer(*first, moves, "uid-x") == Steer("n2", moves["n2"][0])
+    assert steering.steer(*first, {}, "uid-x") == Steer("n2", moves["n2"][0])  # not listed yet
     assert steering.steer(*third, moves, "uid-z") is None  # both moves are taken
     other = successor("w", uid="uid-other")
     assert steering.steer(*other, moves, "uid-w") is None  # another controller's pod

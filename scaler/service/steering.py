@@ -52,6 +52,9 @@ class Steering:
         self._clock = clock
         self._lock = threading.Lock()
         self._claims: dict[str, tuple[str, float]] = {}  # move id -> (pod, expires)
+        # pod -> the move it claimed: a bind finds it even where its nodes were sent by the
+        # scheduler in filter and the listing has not caught up with the note yet.
+        self._claimed: dict[str, Steer] = {}
 
     def now(self) -> float:
         return self._clock()
@@ -61,6 +64,10 @@ class Steering:
         if pod.controller_uid is None:
             return None
         now = self._clock()
+        with self._lock:
+            known = self._claimed.get(pod_key)
+        if known is not None and known.move.live(now) and known.move.matches(pod, job):
+            return known
         found = sorted(
             (
                 (m.at, m.id, node, m)
@@ -74,6 +81,7 @@ class Steering:
             return None
         with self._lock:
             self._claims = {k: v for k, v in self._claims.items() if v[1] > now}
+            self._claimed = {k: v for k, v in self._claimed.items() if v.move.live(now)}
             mine = [e for e in found if self._claims.get(e[1], ("",))[0] == pod_key]
             free = [e for e in found if e[1] not in self._claims]
             chosen = (mine or free or [None])[0]
@@ -81,6 +89,7 @@ class Steering:
                 return None
             _, move_id, node, move = chosen
             self._claims[move_id] = (pod_key, move.expires)
+            self._claimed[pod_key] = Steer(node, move)
         return Steer(node, move)
 
 
