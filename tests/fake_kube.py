@@ -7,6 +7,11 @@ resourceVersion (410 Gone once it has been compacted), PUT checks optimistic con
 PATCH takes merge, strategic-merge (treated as merge) and JSON patches, pods have a
 `status`, `eviction` (with `?dryRun=All`) and `binding` subresources, and leases live in
 coordination.k8s.io/v1. Resources are declared in one table, so another kind is a line.
+Custom resources (CapacityBuffer, Karpenter's NodePool and NodeClaim, Kueue's Workload and
+ResourceFlavor) are served at /apis/<group>/<version>/[namespaces/<ns>/]<plural> as a
+CRD's objects are, for CustomObjectsApi: defaults and validation rules of their CRDs
+(`admission`), a `status` subresource, and a generation counting changes of the spec.
+`on_write` hooks let a test play a controller that reacts to writes.
 Set `faults` (an `ApiFaults`) and requests over HTTP fail now and then: 500s, and answers
 held past the client's timeout.
 
@@ -43,6 +48,9 @@ class ResourceKind:
     plural: str
     kind: str
     namespaced: bool
+    # A custom resource whose CRD declares the status subresource: over HTTP, writes to the
+    # object leave its status alone and writes to /status change nothing else.
+    status_subresource: bool = False
 
     @property
     def api_version(self) -> str:
@@ -59,7 +67,22 @@ RESOURCES = (
     ResourceKind("/apis/policy/v1", "poddisruptionbudgets", "PodDisruptionBudget", True),
     ResourceKind("/apis/scheduling.k8s.io/v1", "priorityclasses", "PriorityClass", False),
     ResourceKind("/apis/apps/v1", "deployments", "Deployment", namespaced=True),
+    ResourceKind("/api/v1", "podtemplates", "PodTemplate", namespaced=True),
+    # Custom resources, served as the API server serves a CRD's objects (the official
+    # client reaches them through CustomObjectsApi): Cluster Autoscaler's CapacityBuffer,
+    # Karpenter's NodePool and NodeClaim, Kueue's Workload and ResourceFlavor.
+    ResourceKind(
+        "/apis/autoscaling.x-k8s.io/v1beta1", "capacitybuffers", "CapacityBuffer", True, True
+    ),
+    ResourceKind("/apis/karpenter.sh/v1", "nodepools", "NodePool", False, True),
+    ResourceKind("/apis/karpenter.sh/v1", "nodeclaims", "NodeClaim", False, True),
+    ResourceKind("/apis/kueue.x-k8s.io/v1beta1", "workloads", "Workload", True, True),
+    ResourceKind("/apis/kueue.x-k8s.io/v1beta1", "resourceflavors", "ResourceFlavor", False),
 )
+
+# What a CRD's schema and validation rules make the API server do with a custom object on
+# create (old None) and update: fill in defaults in place, or refuse it (422).
+Admission = Callable[["Obj", "Obj | None"], None]
 
 # An eviction policy returns None to allow the eviction, or (HTTP code, message) to refuse
 # it, as a PodDisruptionBudget makes the real API server answer 429.
@@ -214,6 +237,78 @@ def selector_matches(obj: Obj, label_selector: str, field_selector: str) -> bool
     return True
 
 
+_NOT_ASKED = ("apiVersion", "kind", "metadata", "status")
+
+
+def _invalid(kind: str, obj: Obj, message: str) -> ApiError:
+    name = obj.get("metadata", {}).get("name", "")
+    return ApiError(422, "Invalid", f'{kind} "{name}" is invalid: {message}')
+
+
+def _count(obj: Obj, kind: str, path: str, value: Any) -> None:
+    """An integer field of a custom object that must be >= 0 when given."""
+    if value is not None and (not isinstance(value, int) or isinstance(value, bool) or value < 0):
+        raise _invalid(kind, obj, f"{path}: Invalid value: {value!r}: must be an integer >= 0")
+
+
+def capacity_buffer_admission(obj: Obj, old: Obj | None) -> None:
+    """autoscaling.x-k8s.io/v1beta1 CapacityBuffer (the CRD in kubernetes/autoscaler,
+    cluster-autoscaler/apis/config/crd): spec required, provisioningStrategy defaulted to
+    active capacity, exactly one of podTemplateRef and scalableRef, a podTemplateRef with
+    replicas or limits, replicas and percentage >= 0."""
+    spec = obj.get("spec")
+    if not isinstance(spec, dict):
+        raise _invalid("CapacityBuffer", obj, "spec: Required value")
+    spec.setdefault("provisioningStrategy", "buffer.x-k8s.io/active-capacity")
+    template, scalable = spec.get("podTemplateRef"), spec.get("scalableRef")
+    if (template is None) == (scalable is None):
+        raise _invalid("CapacityBuffer", obj, "spec: exactly one of podTemplateRef, scalableRef")
+    if template is not None and not (template.get("name") or ""):
+        raise _invalid("CapacityBuffer", obj, "spec.podTemplateRef.name: Required value")
+    if template is not None and spec.get("replicas") is None and spec.get("limits") is None:
+        raise _invalid("CapacityBuffer", obj, "spec: podTemplateRef needs replicas or limits")
+    for field_ in ("replicas", "percentage"):
+        _count(obj, "CapacityBuffer", f"spec.{field_}", spec.get(field_))
+
+
+def node_pool_admission(obj: Obj, old: Obj | None) -> None:
+    """karpenter.sh/v1 NodePool: a template is required, replicas >= 0, and a NodePool
+    cannot turn static (replicas set) or dynamic once made."""
+    spec = obj.get("spec")
+    if not isinstance(spec, dict) or not isinstance(spec.get("template"), dict):
+        raise _invalid("NodePool", obj, "spec.template: Required value")
+    _count(obj, "NodePool", "spec.replicas", spec.get("replicas"))
+    if old is not None and ("replicas" in spec) != ("replicas" in old.get("spec", {})):
+        raise _invalid(
+            "NodePool",
+            obj,
+            "spec: Cannot transition NodePool between static (replicas set) and dynamic"
+            " (replicas unset) provisioning modes",
+        )
+
+
+def workload_admission(obj: Obj, old: Obj | None) -> None:
+    """kueue.x-k8s.io/v1beta1 Workload: 1 to 8 pod sets, each with a template and a count
+    >= 0 (1 by default), named "main" by default."""
+    pod_sets = obj.get("spec", {}).get("podSets")
+    if not isinstance(pod_sets, list) or not 1 <= len(pod_sets) <= 8:
+        raise _invalid("Workload", obj, "spec.podSets: 1 to 8 items required")
+    for i, pod_set in enumerate(pod_sets):
+        pod_set.setdefault("name", "main")
+        pod_set.setdefault("count", 1)
+        if not isinstance(pod_set.get("template"), dict):
+            raise _invalid("Workload", obj, f"spec.podSets[{i}].template: Required value")
+        _count(obj, "Workload", f"spec.podSets[{i}].count", pod_set["count"])
+
+
+CRD_ADMISSION: dict[str, Admission] = {
+    "capacitybuffers": capacity_buffer_admission,
+    "nodepools": node_pool_admission,
+    "workloads": workload_admission,
+    "podtemplates": lambda obj, old: None,  # the generation counts template changes
+}
+
+
 class FakeKube:
     """The cluster state and the HTTP server around it; start() binds 127.0.0.1."""
 
@@ -230,6 +325,10 @@ class FakeKube:
         self._generation = 0  # bumped by expire_watches(): open watches end
         self.eviction_policy: EvictionPolicy = lambda pod: None
         self.faults: ApiFaults | None = None
+        self.admission: dict[str, Admission] = dict(CRD_ADMISSION)  # by plural
+        # Called after every write with (event type, plural, object): tests play the
+        # controllers that react to writes (Karpenter launching a NodePool's NodeClaims).
+        self.on_write: list[Callable[[str, str, Obj], None]] = []
         self._released = threading.Event()  # set at stop(): held answers end
         self.requests: list[tuple[str, str]] = []  # (method, path?query) as received
         self._server: ThreadingHTTPServer | None = None
@@ -292,6 +391,8 @@ class FakeKube:
         rv = int(obj["metadata"]["resourceVersion"])
         self._events.append(Event(rv, kind, type_, copy.deepcopy(obj)))
         self._changed.notify_all()
+        for react in self.on_write:
+            react(type_, kind.plural, copy.deepcopy(obj))
 
     def _next_rv(self) -> str:
         self._last_rv = next(self._rv)
@@ -311,6 +412,9 @@ class FakeKube:
         with self._changed:
             if key in self._objects:
                 raise ApiError(409, "AlreadyExists", f'{plural} "{meta["name"]}" already exists')
+            if plural in self.admission:
+                self.admission[plural](obj, None)
+                meta["generation"] = 1
             obj["kind"] = kind.kind
             obj["apiVersion"] = kind.api_version
             meta["uid"] = str(uuid.uuid4())
@@ -373,6 +477,14 @@ class FakeKube:
         for fixed in ("name", "namespace", "uid", "creationTimestamp"):
             if fixed in current["metadata"]:
                 meta[fixed] = current["metadata"][fixed]
+        if kind.plural in self.admission:
+            self.admission[kind.plural](obj, current)
+            # The generation counts changes of what the object asks (not its metadata or
+            # status), as the API server counts them for custom resources.
+            asked = {k: v for k, v in obj.items() if k not in _NOT_ASKED}
+            before = {k: v for k, v in current.items() if k not in _NOT_ASKED}
+            generation = int(current["metadata"].get("generation") or 1)
+            meta["generation"] = generation + (asked != before)
         obj["kind"] = kind.kind
         obj["apiVersion"] = kind.api_version
         meta["resourceVersion"] = self._next_rv()
@@ -587,12 +699,26 @@ class _Handler(BaseHTTPRequestHandler):
                 self.kube.patch(kind.plural, name or "", {"spec": {"nodeName": target}}, ns)
                 self._send(201, status_object(201, "", ""))
             elif method == "POST":
-                self._send(201, self.kube.create(kind.plural, self._body(), namespace))
+                body = self._body()
+                if kind.status_subresource:
+                    body.pop("status", None)  # set through /status only
+                self._send(201, self.kube.create(kind.plural, body, namespace))
             elif method == "PUT":
-                self._send(200, self.kube.replace(kind.plural, name or "", self._body(), ns))
+                body = self._body()
+                if kind.status_subresource:
+                    current = self.kube.get(kind.plural, name or "", ns)
+                    if sub == "status":
+                        version = body.get("metadata", {}).get("resourceVersion")
+                        current["metadata"]["resourceVersion"] = version  # still checked
+                        body = {**current, "status": body.get("status")}
+                    else:
+                        body = {**body, "status": current.get("status")}
+                self._send(200, self.kube.replace(kind.plural, name or "", body, ns))
             elif method == "PATCH":
                 json_ops = self.headers.get("Content-Type", "").startswith("application/json-patch")
                 body = self._body()
+                if kind.status_subresource:
+                    body = _status_split(body, json_ops, status=sub == "status")
                 self._send(
                     200, self.kube.patch(kind.plural, name or "", body, ns, json_ops=json_ops)
                 )
@@ -665,6 +791,16 @@ class _Handler(BaseHTTPRequestHandler):
 
     def do_DELETE(self) -> None:
         self._handle("DELETE")
+
+
+def _status_split(patch: Any, json_ops: bool, status: bool) -> Any:
+    """The part of a patch a write may make: only the status through /status, everything
+    but the status otherwise."""
+    if json_ops:
+        return [op for op in patch if op["path"].startswith("/status") == status]
+    if status:
+        return {"status": patch["status"]} if "status" in patch else {}
+    return {k: v for k, v in patch.items() if k != "status"}
 
 
 def label_selector_matches(selector: Obj | None, labels: dict[str, str]) -> bool:
