@@ -5,6 +5,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Literal
 
+from scaler.cluster.mig import profile_problem
+
 WHOLE_GPU_MILLI = 1000
 
 Mode = Literal["pack", "spread"]
@@ -20,6 +22,12 @@ class Job:
     a `placeholder` only holds capacity and is the first to be evicted. `gang` names a
     group placed all or nothing; `mode="spread"` keeps the replicas of one `service` on
     different nodes. `predicted_gpu_s` (GPU-seconds) and `submitted_s` feed the queue.
+
+    A MIG job asks `mig_count` instances of MIG profile `mig_profile` (`1g.10gb`, see
+    scaler.cluster.mig) and no whole or shared GPU. `topology_key` names the node label
+    whose value a gang's members must share (`topology_required`) or should share, as
+    Kueue's topology-aware scheduling asks: a rack or zone label, or
+    `kubernetes.io/hostname` for one node.
     """
 
     id: str
@@ -38,6 +46,10 @@ class Job:
     tolerations: frozenset[str] = frozenset()
     predicted_gpu_s: float | None = None
     submitted_s: float = 0.0
+    mig_profile: str | None = None
+    mig_count: int = 1
+    topology_key: str | None = None
+    topology_required: bool = False
 
     @property
     def is_sharing(self) -> bool:
@@ -65,4 +77,17 @@ class Job:
             return f"unknown placement mode {self.mode!r}"
         if self.mode == "spread" and not self.service:
             return "spread mode needs a service id"
+        if self.mig_profile is not None:
+            return self._mig_problem()
+        return None
+
+    def _mig_problem(self) -> str | None:
+        if why := profile_problem(str(self.mig_profile)):
+            return why
+        if self.mig_count < 1:
+            return f"asks {self.mig_count} MIG instances"
+        if self.num_gpu:
+            return "asks whole or shared GPUs and MIG instances at once"
+        if self.gpu_models:
+            return "a MIG request names its GPU by its profile, not by gpu_models"
         return None

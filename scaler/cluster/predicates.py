@@ -3,7 +3,8 @@
 The engine, the extender's filter, preemption, defragmentation, the scale-up estimate and
 the scale-down check all ask here, so a node one of them rules out is ruled out by all.
 A node is a candidate when it admits the job (selector, taints, spread rule, not
-cordoned) and has the job's CPU, memory and GPUs (model, count or share) free now.
+cordoned) and has the job's CPU, memory and GPUs (model, count or share; for a MIG job,
+free instances of its profile) free now.
 """
 
 from __future__ import annotations
@@ -17,13 +18,48 @@ from scaler.cluster.snapshot import ClusterState
 def feasible(state: ClusterState, job: Job) -> np.ndarray:
     """Mask of nodes that can hold `job` now, without evicting anything."""
     fits = (state.cpu_free >= job.cpu_milli) & (state.mem_free >= job.memory_mib)
-    if job.num_gpu:
+    if job.mig_profile is not None:
+        fits &= mig_room(state, job)
+    elif job.num_gpu:
         fits &= state.model_mask(job.gpu_models)
         if job.is_sharing:
             fits &= state.max_free >= job.gpu_milli
         else:
             fits &= state.full_free >= job.num_gpu
     return fits & admits(state, job)
+
+
+def mig_room(state: ClusterState, job: Job) -> np.ndarray:
+    """mask[n]: node n has the MIG job's count of free instances of its profile."""
+    room = np.zeros(state.size, dtype=bool)
+    for n in state.mig:
+        room[n] = len(state.mig_free(n, str(job.mig_profile))) >= job.mig_count
+    return room
+
+
+def mig_offered(state: ClusterState, profile: str) -> np.ndarray:
+    """offered[n]: how many MIG instances of `profile` node n has, taken or not."""
+    offered = np.zeros(state.size, dtype=np.int64)
+    for n, layout in state.mig.items():
+        offered[n] = sum(inst.profile == profile for inst in layout.instances)
+    return offered
+
+
+def domain_room(state: ClusterState, nodes: np.ndarray) -> np.ndarray:
+    """The most idle GPUs within one NVLink domain of each of `nodes` (a node without
+    domains: all its idle GPUs; a GPU outside every domain of its node: a domain alone)."""
+    room = state.full_free[nodes]
+    if state.gpu_domain is None:
+        return room
+    rows = state.gpu_domain[nodes]
+    labelled = (rows >= 0).any(axis=1)
+    if not labelled.any():
+        return room
+    idle = state.gpu_free[nodes] == WHOLE_GPU_MILLI
+    best = (idle & (rows < 0)).any(axis=1).astype(np.int64)
+    for d in range(int(rows.max()) + 1):
+        best = np.maximum(best, (idle & (rows == d)).sum(axis=1))
+    return np.where(labelled, best, room)
 
 
 def admits(state: ClusterState, job: Job) -> np.ndarray:
@@ -42,7 +78,15 @@ def admits(state: ClusterState, job: Job) -> np.ndarray:
 
 def never_fits(state: ClusterState, job: Job) -> str | None:
     """A request no node of this cluster could meet even when empty."""
-    if job.num_gpu:
+    if job.mig_profile is not None:
+        most = int(mig_offered(state, job.mig_profile).max(initial=0))
+        if most == 0:
+            return f"no node has MIG instances of profile {job.mig_profile}"
+        if job.mig_count > most:
+            return (
+                f"asks {job.mig_count} MIG {job.mig_profile} instances, a node has {most} at most"
+            )
+    elif job.num_gpu:
         if job.gpu_models and not set(job.gpu_models) & set(state.models):
             have = ", ".join(state.models) or "none"
             wanted = "|".join(sorted(job.gpu_models))
@@ -62,7 +106,10 @@ def explain(state: ClusterState, job: Job) -> str:
         (f"have {job.cpu_milli}m CPU free", state.cpu_free >= job.cpu_milli),
         (f"have {job.memory_mib} MiB memory free", state.mem_free >= job.memory_mib),
     ]
-    if job.num_gpu:
+    if job.mig_profile is not None:
+        need = f"have {job.mig_count} free MIG {job.mig_profile} instance(s)"
+        steps.append((need, mig_room(state, job)))
+    elif job.num_gpu:
         steps.append(("have an allowed GPU model", state.model_mask(job.gpu_models)))
         if job.is_sharing:
             need = f"have a GPU with {job.gpu_milli}/{WHOLE_GPU_MILLI} free"
@@ -85,7 +132,11 @@ def never_on(state: ClusterState, job: Job, n: int) -> str | None:
         return "node is cordoned"
     if not admits(state, job)[n]:
         return "node selector, taints or spread rule exclude this node"
-    if job.num_gpu:
+    if job.mig_profile is not None:
+        offered = int(mig_offered(state, job.mig_profile)[n])
+        if offered < job.mig_count:
+            return f"node has {offered} MIG {job.mig_profile} instances, job needs {job.mig_count}"
+    elif job.num_gpu:
         if not state.model_mask(job.gpu_models)[n]:
             have = state.models[state.model_id[n]] if state.model_id[n] >= 0 else "none"
             wanted = "|".join(sorted(job.gpu_models))
@@ -103,6 +154,9 @@ def full_now(state: ClusterState, job: Job, n: int) -> str:
         return f"{state.cpu_free[n]}m CPU free, job needs {job.cpu_milli}m"
     if state.mem_free[n] < job.memory_mib:
         return f"{state.mem_free[n]} MiB memory free, job needs {job.memory_mib} MiB"
+    if job.mig_profile is not None:
+        free = len(state.mig_free(n, job.mig_profile))
+        return f"{free} free MIG {job.mig_profile} instances, job needs {job.mig_count}"
     if job.is_sharing:
         return f"no GPU has {job.gpu_milli}/{WHOLE_GPU_MILLI} free"
     return f"{state.full_free[n]} idle GPUs, job needs {job.num_gpu}"

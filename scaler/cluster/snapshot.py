@@ -5,6 +5,11 @@ addressed by index on their node; `gpu_free[n, g]` is the free share of GPU g of
 thousandths (1000 = idle), and slots past a node's GPU count stay at 0 so they never fit.
 `version[n]` changes whenever node n changes: policies key their per-node caches on it,
 so after a placement only the chosen node is recomputed.
+
+Beside the arrays, and only where nodes have them: MIG instances (`mig`, `mig_used`; a MIG
+job's `gpus` are indices into its node's `mig[n].instances`), the NVLink / NVSwitch
+domains of the GPUs (`gpu_domain`) and the rack of each node (`rack_id`, with the jobs
+bound per rack). A cluster without them carries None or empty tables and places as before.
 """
 
 from __future__ import annotations
@@ -12,12 +17,13 @@ from __future__ import annotations
 import copy
 from collections import Counter
 from collections.abc import Iterable, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
 from scaler.cluster.job import WHOLE_GPU_MILLI, Job
+from scaler.cluster.mig import MigLayout, compute_fraction
 
 if TYPE_CHECKING:
     import pandas as pd
@@ -28,7 +34,12 @@ MAX_SHAPE = 8
 
 @dataclass(frozen=True, slots=True)
 class NodeSpec:
-    """A node's capacity and scheduling attributes; `taints` are `key=value:Effect` strings."""
+    """A node's capacity and scheduling attributes; `taints` are `key=value:Effect` strings.
+
+    `gpus` are whole GPUs; `mig` the MIG instances of its partitioned GPUs (the GPU
+    operator's "mixed" strategy), numbered apart from them. `gpu_domains` groups the whole
+    GPUs' indices into NVLink / NVSwitch domains (none: unknown); `rack` names its rack.
+    """
 
     name: str
     cpu_milli: int
@@ -38,6 +49,9 @@ class NodeSpec:
     labels: tuple[tuple[str, str], ...] = ()
     taints: frozenset[str] = frozenset()
     cordoned: bool = False  # unschedulable: nothing new may be placed here
+    mig: MigLayout | None = None
+    gpu_domains: tuple[tuple[int, ...], ...] = ()
+    rack: str | None = None
 
     def label(self, key: str) -> str | None:
         return dict(self.labels).get(key)
@@ -54,7 +68,10 @@ class Allocation:
 
     def gpu_seconds(self, now_s: float) -> float:
         """GPU time the job has run so far: the work lost if it is evicted now."""
-        held = len(self.gpus) * self.job.gpu_milli / WHOLE_GPU_MILLI
+        if self.job.mig_profile is not None:
+            held = len(self.gpus) * compute_fraction(self.job.mig_profile)
+        else:
+            held = len(self.gpus) * self.job.gpu_milli / WHOLE_GPU_MILLI
         return max(0.0, now_s - self.since_s) * held
 
 
@@ -91,6 +108,15 @@ class ClusterState:
     # Memoised per-node data of policies (e.g. fragmentation), keyed by the policy; each
     # entry checks `version` before use, so it is never stale.
     derived: dict[Any, Any] = field(default_factory=dict)
+    # MIG nodes' layouts (replaced, never changed in place) and which instances are taken.
+    mig: dict[int, MigLayout] = field(default_factory=dict)
+    mig_used: dict[int, np.ndarray] = field(default_factory=dict)
+    # gpu_domain[n, g]: GPU g's NVLink domain on node n (-1: none); None: no node has any.
+    gpu_domain: np.ndarray | None = None
+    # rack_id[n]: node n's rack in `racks` (-1: none); None: no node names a rack.
+    racks: list[str] = field(default_factory=list)
+    rack_id: np.ndarray | None = None
+    rack_jobs: np.ndarray | None = None  # jobs bound per rack
 
     @classmethod
     def from_nodes(cls, nodes: Sequence[NodeSpec]) -> ClusterState:
@@ -106,7 +132,9 @@ class ClusterState:
         gpu_free = np.where(np.arange(width)[None, :] < count[:, None], WHOLE_GPU_MILLI, 0)
         cpu = np.array([n.cpu_milli for n in nodes], dtype=np.int64)
         mem = np.array([n.memory_mib for n in nodes], dtype=np.int64)
-        return cls(
+        racks = sorted({n.rack for n in nodes if n.rack is not None})
+        rack_index = {r: i for i, r in enumerate(racks)}
+        state = cls(
             names=names,
             models=models,
             model_id=np.array([index.get(n.model, -1) if n.gpus else -1 for n in nodes]),
@@ -126,7 +154,14 @@ class ClusterState:
             version=np.zeros(len(nodes), dtype=np.int64),
             node_jobs=[set() for _ in nodes],
             tainted=any(n.taints for n in nodes),
+            mig={i: n.mig for i, n in enumerate(nodes) if n.mig is not None and n.mig.instances},
+            gpu_domain=_domains(nodes, width),
+            racks=racks,
+            rack_id=np.array([rack_index.get(n.rack, -1) for n in nodes]) if racks else None,
+            rack_jobs=np.zeros(len(racks), dtype=np.int64) if racks else None,
         )
+        state.mig_used = {i: np.zeros(len(m.instances), dtype=bool) for i, m in state.mig.items()}
+        return state
 
     @classmethod
     def from_frame(cls, frame: pd.DataFrame) -> ClusterState:
@@ -180,6 +215,16 @@ class ClusterState:
     def is_empty(self, node: int) -> bool:
         return not self.node_jobs[node]
 
+    def mig_free(self, node: int, profile: str) -> list[int]:
+        """Indices of node `node`'s free MIG instances of `profile`."""
+        layout = self.mig.get(node)
+        if layout is None:
+            return []
+        used = self.mig_used[node]
+        return [
+            k for k, inst in enumerate(layout.instances) if inst.profile == profile and not used[k]
+        ]
+
     def copy(self) -> ClusterState:
         """An independent state (what-if planning for gangs, preemption, defragmentation)."""
         clone = copy.copy(self)
@@ -199,25 +244,36 @@ class ClusterState:
         clone.node_jobs = [set(s) for s in self.node_jobs]
         clone.service_nodes = {k: Counter(v) for k, v in self.service_nodes.items()}
         clone.derived = {k: v.copy() for k, v in self.derived.items()}
+        if self.mig:
+            clone.mig = dict(self.mig)
+            clone.mig_used = {k: v.copy() for k, v in self.mig_used.items()}
+        if self.rack_jobs is not None:
+            clone.rack_jobs = self.rack_jobs.copy()
         return clone
 
     # ------------------------------------------------------------------ changes
     def bind(self, job: Job, node: int, gpus: Iterable[int], since_s: float = 0.0) -> Allocation:
-        """Commit `job` to `node` and GPU indices `gpus`; raises ValueError if it does not fit."""
+        """Commit `job` to `node` and GPU indices `gpus` (a MIG job: MIG instance indices);
+        raises ValueError if it does not fit."""
         gpus = tuple(int(g) for g in gpus)
         if job.id in self.jobs:
             raise ValueError(f"job {job.id!r} is already bound")
-        if len(gpus) != job.num_gpu or len(set(gpus)) != len(gpus):
+        if job.mig_profile is not None:
+            self._check_instances(job, node, gpus)
+        elif len(gpus) != job.num_gpu or len(set(gpus)) != len(gpus):
             raise ValueError(f"job {job.id!r} needs {job.num_gpu} distinct GPUs, got {gpus}")
         if self.cpu_free[node] < job.cpu_milli or self.mem_free[node] < job.memory_mib:
             raise ValueError(f"job {job.id!r} does not fit node {self.names[node]!r}")
-        for g in gpus:
-            if g >= self.gpu_count[node] or self.gpu_free[node, g] < job.gpu_milli:
-                raise ValueError(f"GPU {g} of node {self.names[node]!r} cannot hold {job.id!r}")
+        if job.mig_profile is None:
+            for g in gpus:
+                if g >= self.gpu_count[node] or self.gpu_free[node, g] < job.gpu_milli:
+                    raise ValueError(f"GPU {g} of node {self.names[node]!r} cannot hold {job.id!r}")
         allocation = Allocation(job, node, gpus, since_s)
         self._apply(allocation, -1)
         self.jobs[job.id] = allocation
         self.node_jobs[node].add(job.id)
+        if self.rack_jobs is not None and self.rack_id is not None and self.rack_id[node] >= 0:
+            self.rack_jobs[self.rack_id[node]] += 1
         if job.service:
             self.service_nodes.setdefault(job.service, Counter())[node] += 1
         return allocation
@@ -227,6 +283,9 @@ class ClusterState:
         allocation = self.jobs.pop(job_id)
         self._apply(allocation, +1)
         self.node_jobs[allocation.node].discard(job_id)
+        rack = -1 if self.rack_id is None else self.rack_id[allocation.node]
+        if self.rack_jobs is not None and rack >= 0:
+            self.rack_jobs[rack] -= 1
         service = allocation.job.service
         if service:
             replicas = self.service_nodes[service]
@@ -248,11 +307,54 @@ class ClusterState:
             self.cordoned[n] = cordoned
             self.version[n] += 1
 
+    def set_mig_layout(self, node: int, layout: MigLayout) -> None:
+        """Partition node `node`'s MIG GPUs anew (a repartition). Every instance a job holds
+        must stay as it is (same GPU, profile and start); raises ValueError otherwise."""
+        old = self.mig.get(node, MigLayout(layout.family, ()))
+        where = {inst: k for k, inst in enumerate(layout.instances)}
+        moved: dict[str, tuple[int, ...]] = {}
+        for job_id in self.node_jobs[node]:
+            allocation = self.jobs[job_id]
+            if allocation.job.mig_profile is None:
+                continue
+            held = [old.instances[k] for k in allocation.gpus]
+            if any(inst not in where for inst in held):
+                raise ValueError(
+                    f"node {self.names[node]!r}: job {job_id!r} holds an instance the new"
+                    " layout drops (only idle GPUs may be repartitioned)"
+                )
+            moved[job_id] = tuple(where[inst] for inst in held)
+        used = np.zeros(len(layout.instances), dtype=bool)
+        for job_id, indices in moved.items():
+            self.jobs[job_id] = replace(self.jobs[job_id], gpus=indices)
+            used[list(indices)] = True
+        # New tables rather than changes in place: a copy of the state shares them.
+        self.mig = {**self.mig, node: layout}
+        self.mig_used = {**self.mig_used, node: used}
+        self.version[node] += 1
+
+    def _check_instances(self, job: Job, node: int, indices: tuple[int, ...]) -> None:
+        layout = self.mig.get(node)
+        name = self.names[node]
+        if len(indices) != job.mig_count or len(set(indices)) != len(indices):
+            raise ValueError(f"job {job.id!r} needs {job.mig_count} distinct MIG instances")
+        for k in indices:
+            if layout is None or not 0 <= k < len(layout.instances):
+                raise ValueError(f"node {name!r} has no MIG instance {k}")
+            if layout.instances[k].profile != job.mig_profile or self.mig_used[node][k]:
+                inst = layout.instances[k]
+                raise ValueError(
+                    f"MIG instance {k} of node {name!r} ({inst.profile} at slice {inst.start}"
+                    f" of GPU {inst.gpu}) cannot hold {job.id!r} ({job.mig_profile})"
+                )
+
     def _apply(self, allocation: Allocation, sign: int) -> None:
         job, n = allocation.job, allocation.node
         self.cpu_free[n] += sign * job.cpu_milli
         self.mem_free[n] += sign * job.memory_mib
-        if allocation.gpus:
+        if job.mig_profile is not None:
+            self.mig_used[n][list(allocation.gpus)] = sign < 0
+        elif allocation.gpus:
             self.gpu_free[n, list(allocation.gpus)] += sign * job.gpu_milli
             row = self.gpu_free[n]
             self.full_free[n] = int((row == WHOLE_GPU_MILLI).sum())
@@ -260,3 +362,22 @@ class ClusterState:
             shape = 0 if job.is_sharing else min(job.num_gpu, MAX_SHAPE)
             self.shape_counts[n, shape] -= sign
         self.version[n] += 1
+
+
+def _domains(nodes: Sequence[NodeSpec], width: int) -> np.ndarray | None:
+    """domain[n, g] from the nodes' GPU domains (-1: none); None when no node has any."""
+    if not any(n.gpu_domains for n in nodes):
+        return None
+    domain = np.full((len(nodes), width), -1, dtype=np.int64)
+    for i, node in enumerate(nodes):
+        seen: set[int] = set()
+        for d, group in enumerate(node.gpu_domains):
+            for g in group:
+                if not 0 <= g < node.gpus or g in seen:
+                    raise ValueError(
+                        f"node {node.name!r}: GPU domains {node.gpu_domains} name GPU {g}"
+                        f" twice or beyond its {node.gpus} GPUs"
+                    )
+                seen.add(g)
+                domain[i, g] = d
+    return domain

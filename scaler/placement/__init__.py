@@ -15,6 +15,7 @@ from scaler.placement.mix import WorkloadMix
 from scaler.placement.policies import DEFAULT_POLICY, POLICIES, Policy, make_policy
 from scaler.placement.preemption import preempt
 from scaler.placement.queue import QueuePolicy, admission_order, admit
+from scaler.placement.repartition import RepartitionPlan, apply_repartition, plan_repartition
 
 __all__ = [
     "DEFAULT_POLICY",
@@ -28,16 +29,19 @@ __all__ = [
     "Placement",
     "Policy",
     "QueuePolicy",
+    "RepartitionPlan",
     "Unschedulable",
     "WorkloadMix",
     "admission_order",
     "admit",
     "apply_plan",
+    "apply_repartition",
     "commit",
     "commit_gang",
     "make_policy",
     "place",
     "place_gang",
     "plan_defrag",
+    "plan_repartition",
     "preempt",
 ]

@@ -18,10 +18,10 @@ from __future__ import annotations
 import numpy as np
 
 from scaler.cluster.job import WHOLE_GPU_MILLI, Job
-from scaler.cluster.predicates import admits
+from scaler.cluster.predicates import admits, mig_offered
 from scaler.cluster.snapshot import Allocation, ClusterState
 from scaler.placement.decision import Placement, Unschedulable
-from scaler.placement.engine import place
+from scaler.placement.engine import choose, place
 from scaler.placement.policies.base import Policy
 
 Cost = tuple[int, int, float, int]
@@ -36,7 +36,9 @@ def preempt(
         return direct
     best: tuple[Cost, int, list[Allocation]] | None = None
     allowed = admits(state, job)
-    if job.num_gpu:
+    if job.mig_profile is not None:
+        allowed &= mig_offered(state, job.mig_profile) >= job.mig_count
+    elif job.num_gpu:
         allowed &= state.model_mask(job.gpu_models)
     for node in np.flatnonzero(allowed):
         victims = _victims_on(state, job, int(node), now_s)
@@ -53,7 +55,7 @@ def preempt(
     scratch = state.copy()
     for victim in victims:
         scratch.release(victim.job.id)
-    _, gpus = policy.choose(scratch, job, np.array([node]))
+    _, gpus = choose(scratch, job, np.array([node]), policy)
     return Placement(
         job.id,
         state.names[node],
@@ -109,11 +111,15 @@ def _fits_without(state: ClusterState, job: Job, node: int, victims: list[Alloca
     mem = state.mem_free[node] + sum(v.job.memory_mib for v in victims)
     if cpu < job.cpu_milli or mem < job.memory_mib:
         return False
+    if job.mig_profile is not None:
+        freed = sum(len(v.gpus) for v in victims if v.job.mig_profile == job.mig_profile)
+        return len(state.mig_free(node, job.mig_profile)) + freed >= job.mig_count
     if not job.num_gpu:
         return True
     free = state.gpu_free[node, : state.gpu_count[node]].copy()
     for v in victims:
-        free[list(v.gpus)] += v.job.gpu_milli
+        if v.job.mig_profile is None:  # a MIG job's indices are instances, not GPUs
+            free[list(v.gpus)] += v.job.gpu_milli
     if job.is_sharing:
         return bool((free >= job.gpu_milli).any())
     return int((free == WHOLE_GPU_MILLI).sum()) >= job.num_gpu

@@ -25,6 +25,7 @@ import numpy as np
 from scaler.cluster.predicates import feasible, full_now, never_on
 from scaler.placement import ClusterState, Job, Placement, Policy, Unschedulable
 from scaler.placement.engine import candidates as engine_candidates
+from scaler.placement.engine import choose
 
 MAX_EXTENDER_PRIORITY = 10
 
@@ -80,7 +81,7 @@ def rank(
             pool = engine_candidates(state, job, unranked)
             if pool.size == 0:
                 break
-        node, _ = policy.choose(state, job, pool)
+        node, _ = choose(state, job, pool, policy)
         scores[state.names[node]] = score
         pool, unranked = pool[pool != node], unranked[unranked != node]
     return list(scores.items())
@@ -95,5 +96,5 @@ def place_on(state: ClusterState, job: Job, policy: Policy, node: str) -> Placem
     n = state.names.index(node)
     if not feasible(state, job)[n]:
         return Unschedulable(job.id, never_on(state, job, n) or full_now(state, job, n))
-    chosen, gpus = policy.choose(state, job, np.array([n]))
+    chosen, gpus = choose(state, job, np.array([n]), policy)
     return Placement(job.id, node, chosen, gpus, policy.name)

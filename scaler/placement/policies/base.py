@@ -184,7 +184,10 @@ def node_states(state: ClusterState, nodes: np.ndarray) -> list[NodeState]:
 
 def best_fit_gpus(state: ClusterState, job: Job, node: int) -> tuple[int, ...]:
     """A sharing job takes the fullest GPU that still holds it (lowest index on ties);
-    a multi-GPU job takes the first idle GPUs by index."""
+    a multi-GPU job takes idle GPUs as `idle_gpus` does; a MIG job the first free
+    instances of its profile."""
+    if job.mig_profile is not None:
+        return tuple(state.mig_free(node, job.mig_profile)[: job.mig_count])
     if job.num_gpu == 0:
         return ()
     free = state.gpu_free[node, : state.gpu_count[node]]
@@ -195,8 +198,29 @@ def best_fit_gpus(state: ClusterState, job: Job, node: int) -> tuple[int, ...]:
 
 
 def idle_gpus(state: ClusterState, job: Job, node: int) -> tuple[int, ...]:
-    free = state.gpu_free[node, : state.gpu_count[node]]
-    return tuple(int(g) for g in (free == WHOLE_GPU_MILLI).nonzero()[0][: job.num_gpu])
+    """The first idle GPUs by index; on a node with NVLink domains, those of the domain
+    with the fewest idle GPUs that holds the job (so whole domains stay free), else of as
+    few domains as will hold it."""
+    count = state.gpu_count[node]
+    idle = (state.gpu_free[node, :count] == WHOLE_GPU_MILLI).nonzero()[0]
+    if state.gpu_domain is not None and state.gpu_domain[node, :count].max(initial=-1) >= 0:
+        return domain_gpus(state.gpu_domain[node, :count], idle, job.num_gpu)
+    return tuple(int(g) for g in idle[: job.num_gpu])
+
+
+def domain_gpus(domain: np.ndarray, idle: np.ndarray, k: int) -> tuple[int, ...]:
+    """`k` of the `idle` GPUs of a node whose GPU g is in NVLink domain `domain[g]` (-1:
+    a domain of its own): all from the domain with the fewest idle GPUs that has `k`, or
+    else from the domains with the most idle GPUs first."""
+    groups: dict[int, list[int]] = {}
+    for g in idle.tolist():
+        groups.setdefault(int(domain[g]) if domain[g] >= 0 else -1 - g, []).append(g)
+    ranked = sorted(groups.values(), key=lambda gpus: (len(gpus), gpus[0]))
+    for gpus in ranked:
+        if len(gpus) >= k:
+            return tuple(gpus[:k])
+    taken = [g for gpus in sorted(ranked, key=lambda gpus: -len(gpus)) for g in gpus][:k]
+    return tuple(sorted(taken))
 
 
 def run_starts(values: np.ndarray) -> np.ndarray:
