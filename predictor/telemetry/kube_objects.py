@@ -15,6 +15,13 @@ extender agree on every pod.
 Both readings take an object in its JSON form: what the API server sends (and the
 scheduler extender receives), what `ApiClient.sanitize_for_serialization` makes of the
 client's models, or a pydantic model of that JSON (dumped by alias).
+
+MIG and topology, read where they are and interpreted by the scaler (scaler.kube.objects):
+a pod's `nvidia.com/mig-<profile>` requests (the GPU operator's "mixed" strategy) and
+Kueue's podset topology annotations; a node's MIG instance counts (its allocatable
+`nvidia.com/mig-<profile>`), gpuscale's MIG layout annotation, its physical GPU count and
+memory (GPU feature discovery's labels), its GPUs' NVLink domains (a label or annotation,
+else the configured domains of its GPU model) and its rack label.
 """
 
 from __future__ import annotations
@@ -32,6 +39,9 @@ MIRROR_ANNOTATION = "kubernetes.io/config.mirror"  # static pods the kubelet run
 SAFE_TO_EVICT_ANNOTATION = "cluster-autoscaler.kubernetes.io/safe-to-evict"
 FINISHED_PHASES = ("Succeeded", "Failed")
 MIB = 2**20
+# Kueue's topology-aware scheduling: the node label whose value a pod set must share.
+REQUIRED_TOPOLOGY_ANNOTATION = "kueue.x-k8s.io/podset-required-topology"
+PREFERRED_TOPOLOGY_ANNOTATION = "kueue.x-k8s.io/podset-preferred-topology"
 
 
 @dataclass(frozen=True)
@@ -55,6 +65,16 @@ class KubeNames:
         ("app.kubernetes.io/managed-by", "gpuscale"),
         ("app.kubernetes.io/component", "placeholder"),
     )
+    mig_resource_prefix: str = "nvidia.com/mig-"  # + profile: a MIG instance resource
+    # node: its MIG instances by GPU and slice, e.g. 0=3g.40gb@4,2g.20gb@0;1=7g.80gb
+    mig_layout_annotation: str = "gpuscale.io/mig-layout"
+    gpu_count_label: str = "nvidia.com/gpu.count"  # node: physical GPUs, MIG ones included
+    gpu_memory_label: str = "nvidia.com/gpu.memory"  # node: MiB per GPU
+    # node label (or annotation): NVLink domains of its GPUs, e.g. 0-3_4-7 (nvswitch: one)
+    gpu_domains_label: str = "gpuscale.io/gpu-domains"
+    # GPU model -> its domains, for nodes whose label says none (e.g. an NVSwitch model)
+    model_gpu_domains: tuple[tuple[str, str], ...] = ()
+    rack_label: str = "cloud.provider.com/topology-rack"  # node: its rack (Kueue's example)
 
     def is_placeholder(self, labels: Mapping[str, str]) -> bool:
         """gpuscale's placeholder pods hold capacity ahead of demand; counted as demand,
@@ -132,6 +152,9 @@ class PodRequest:
     deleting: bool  # its deletion has begun (a deletionTimestamp)
     gpu_indices: tuple[int, ...] | None  # from the GPU index annotation, if readable
     share_problem: str | None = None  # a GPU-share annotation that is no share (read whole)
+    mig: tuple[tuple[str, int], ...] = ()  # (MIG profile, instances) it asks
+    # (node label, required) of Kueue's podset topology annotations, if any
+    topology: tuple[str, bool] | None = None
     priority_class: str | None = None  # spec.priorityClassName
     # The owner that recreates it when it is evicted (the ownerReference marked controller):
     # its uid, and kind/name for people. None: nothing brings it back.
@@ -168,6 +191,12 @@ class NodeFacts:
     unschedulable: bool  # cordoned
     ready: bool
     provider_id: str | None
+    mig: tuple[tuple[str, int], ...] = ()  # (MIG profile, instances) it offers
+    mig_layout: str | None = None  # the MIG layout annotation
+    physical_gpus: int | None = None  # GPUs in all, MIG ones included (a GFD label)
+    gpu_memory_mib: int | None = None
+    gpu_domains: str | None = None  # NVLink domains of its GPUs, as written
+    rack: str | None = None
 
     @property
     def cloud_name(self) -> str:
@@ -289,6 +318,34 @@ def _share(gpus: int, annotations: Mapping[str, Any], names: KubeNames) -> tuple
     )
 
 
+def _mig_requests(spec: Mapping[str, Any], prefix: str) -> tuple[tuple[str, int], ...]:
+    """(profile, instances) of every MIG resource a pod asks, by profile."""
+    resources = {
+        str(name)
+        for c in (*_list(spec.get("containers")), *_list(spec.get("initContainers")))
+        for part in ("requests", "limits")
+        for name in _map(_map(_map(c).get("resources")).get(part))
+        if str(name).startswith(prefix)
+    }
+    asked = ((r.removeprefix(prefix), int(pod_requests(spec, r))) for r in sorted(resources))
+    return tuple((profile, count) for profile, count in asked if count > 0)
+
+
+def _topology(annotations: Mapping[str, Any]) -> tuple[str, bool] | None:
+    for key, required in (
+        (REQUIRED_TOPOLOGY_ANNOTATION, True),
+        (PREFERRED_TOPOLOGY_ANNOTATION, False),
+    ):
+        if annotations.get(key):
+            return str(annotations[key]), required
+    return None
+
+
+def _int_label(labels: Mapping[str, str], key: str) -> int | None:
+    value = labels.get(key, "")
+    return int(value) if value.isdigit() else None
+
+
 def _indices(text: Any) -> tuple[int, ...] | None:
     if not text:
         return None
@@ -334,6 +391,8 @@ def read_pod(pod: Any, names: KubeNames = KUBE_NAMES) -> PodRequest:
         deleting=meta.get("deletionTimestamp") is not None,
         gpu_indices=_indices(annotations.get(names.gpus_annotation)),
         share_problem=problem,
+        mig=_mig_requests(spec, names.mig_resource_prefix),
+        topology=_topology(annotations),
         priority_class=spec.get("priorityClassName") or None,
         controller_uid=controller_uid,
         controller=controller,
@@ -362,11 +421,12 @@ def read_node(node: Any, names: KubeNames = KUBE_NAMES) -> NodeFacts:
         value = offered.get(resource)
         return Decimal(parse_quantity(value)) if value is not None else Decimal(0)
 
+    annotations = {str(k): str(v) for k, v in _map(meta.get("annotations")).items()}
     conditions = map(_map, _list(status.get("conditions")))
     return NodeFacts(
         name=str(meta.get("name") or ""),
         labels=labels,
-        annotations={str(k): str(v) for k, v in _map(meta.get("annotations")).items()},
+        annotations=annotations,
         cpu_milli=int(amount("cpu") * 1000),
         memory_mib=int(amount("memory") / MIB),
         gpus=int(amount(names.gpu_resource)),
@@ -379,4 +439,17 @@ def read_node(node: Any, names: KubeNames = KUBE_NAMES) -> NodeFacts:
         unschedulable=bool(spec.get("unschedulable")),
         ready=any(c.get("type") == "Ready" and c.get("status") == "True" for c in conditions),
         provider_id=spec.get("providerID") or None,
+        mig=tuple(
+            (str(r).removeprefix(names.mig_resource_prefix), int(amount(str(r))))
+            for r in sorted(offered)
+            if str(r).startswith(names.mig_resource_prefix) and amount(str(r)) > 0
+        ),
+        mig_layout=annotations.get(names.mig_layout_annotation) or None,
+        physical_gpus=_int_label(labels, names.gpu_count_label),
+        gpu_memory_mib=_int_label(labels, names.gpu_memory_label),
+        gpu_domains=labels.get(names.gpu_domains_label)
+        or annotations.get(names.gpu_domains_label)
+        or dict(names.model_gpu_domains).get(labels.get(names.gpu_model_label, ""))
+        or None,
+        rack=labels.get(names.rack_label) or None,
     )

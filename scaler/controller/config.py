@@ -36,6 +36,7 @@ from pydantic import (
     ConfigDict,
     Field,
     SecretStr,
+    field_validator,
     model_validator,
 )
 
@@ -45,7 +46,9 @@ from predictor.telemetry.config import KubernetesSettings
 from predictor.telemetry.kube_objects import KUBE_NAMES, KubeNames
 from predictor.telemetry.kubernetes import kube_names as collector_names
 from scaler.cluster.job import Job
+from scaler.cluster.mig import layout_of
 from scaler.cluster.pools import NodePool
+from scaler.cluster.topology import parse_gpu_domains
 from scaler.kube.placeholders import PlaceholderSettings
 from scaler.placement.mix import WorkloadMix
 from scaler.planning.planner import PlannerPolicy
@@ -53,6 +56,8 @@ from scaler.providers.aws import AwsSettings
 from scaler.providers.simulated import SimulatedCloudConfig
 
 _PLACEHOLDER_POOL = re.compile(r"^[a-z0-9]([-a-z0-9]{0,38}[a-z0-9])?$")
+
+MAX_GPU_INDEX = 1024  # GPU domains by model are checked for syntax against this many GPUs
 
 
 class _Section(BaseModel):
@@ -110,6 +115,31 @@ class KubernetesSection(KubernetesSettings):
         default=KUBE_NAMES.gpus_annotation,
         description="pod annotation recording its GPU indices",
     )
+    rack_label: str = Field(
+        default=KUBE_NAMES.rack_label,
+        min_length=1,
+        description="node label naming its rack (placement keeps whole racks free)",
+    )
+    gpu_domains_label: str = Field(
+        default=KUBE_NAMES.gpu_domains_label,
+        min_length=1,
+        description="node label (or annotation) giving its GPUs' NVLink domains, e.g. 0-3_4-7",
+    )
+    gpu_domains: dict[str, str] = Field(
+        default_factory=dict,
+        description="GPU model -> NVLink domains of its nodes' GPUs (e.g. nvswitch), where"
+        " the node label says none",
+    )
+
+    @field_validator("gpu_domains")
+    @classmethod
+    def _domains_read(cls, value: dict[str, str]) -> dict[str, str]:
+        for model, text in value.items():
+            try:  # the indices are checked against each node's GPUs when it is read
+                parse_gpu_domains(text, MAX_GPU_INDEX)
+            except ValueError as exc:
+                raise ValueError(f"{model}: {exc}") from None
+        return value
 
     @model_validator(mode="after")
     def _placeholders_follow_the_cluster(self) -> KubernetesSection:
@@ -124,7 +154,13 @@ class KubernetesSection(KubernetesSettings):
     def names(self) -> KubeNames:
         """Where this cluster's objects carry what gpuscale needs: the collector's names
         (so telemetry and the scaler read a pod alike) and the bind's GPU index annotation."""
-        return replace(collector_names(self), gpus_annotation=self.gpus_annotation)
+        return replace(
+            collector_names(self),
+            gpus_annotation=self.gpus_annotation,
+            rack_label=self.rack_label,
+            gpu_domains_label=self.gpu_domains_label,
+            model_gpu_domains=tuple(sorted(self.gpu_domains.items())),
+        )
 
 
 def kube_names(section: KubernetesSection | None) -> KubeNames:
@@ -193,6 +229,24 @@ class PlacementNode(_Section):
     cpu_milli: int = Field(ge=0)
     memory_mib: int = Field(ge=0)
     labels: dict[str, str] = Field(default_factory=dict)
+    mig_layout: str | None = Field(
+        default=None,
+        description="MIG instances of its partitioned GPUs, as the node annotation"
+        " gpuscale.io/mig-layout writes them (e.g. 8=3g.40gb,3g.40gb;9=7g.80gb)",
+    )
+    gpu_domains: str | None = Field(
+        default=None, description="NVLink domains of its GPUs (e.g. 0-3_4-7, nvswitch)"
+    )
+    rack: str | None = Field(default=None, min_length=1)
+
+    @model_validator(mode="after")
+    def _topology_read(self) -> PlacementNode:
+        # Read once here so a bad layout is an error naming the node's field at start.
+        if self.mig_layout:
+            layout_of(self.mig_layout, self.gpu_model)
+        if self.gpu_domains:
+            parse_gpu_domains(self.gpu_domains, self.gpus)
+        return self
 
 
 class MixShape(_Section):

@@ -132,7 +132,7 @@ def observed_cluster(
         bound.append((pod, job))
         if not pod.placeholder:
             movable[pod.node] = movable.get(pod.node, 0) + 1
-            if pod.gpus:
+            if pod.gpus or pod.mig:
                 gpu_pods[pod.node] = gpu_pods.get(pod.node, 0) + 1
                 used[pod.node] = used.get(pod.node, 0.0) + pod.gpu_demand
 
@@ -187,7 +187,8 @@ def _bind(state: ClusterState, bound: Sequence[tuple[PodRequest, Job]]) -> dict[
     unbound: dict[str, str] = {}
 
     def recorded(pod: PodRequest, job: Job) -> bool:
-        return pod.gpu_indices is not None and len(pod.gpu_indices) == job.num_gpu
+        held = job.mig_count if job.mig_profile is not None else job.num_gpu  # MIG: instances
+        return pod.gpu_indices is not None and len(pod.gpu_indices) == held
 
     ordered = sorted(bound, key=lambda pj: not recorded(*pj))
     for pod, job in ordered:

@@ -26,7 +26,9 @@ from http import HTTPStatus
 
 from kubernetes import client as k8s
 
+from scaler.cluster.mig import MigInstance, layout_of
 from scaler.cluster.templates import template_node
+from scaler.cluster.topology import parse_gpu_domains
 from scaler.controller.config import kube_names, workload_mix
 from scaler.controller.system import LiveSystem
 from scaler.kube.errors import KubeError, Refusal, kube_call
@@ -127,6 +129,15 @@ class LiveCluster:
                 self._placed[job.id] = Bound(job, decided.node, decided.gpus)
             return decided
 
+    def mig_instances(self, job: Job, placement: Placement) -> list[tuple[int, MigInstance]]:
+        """The MIG instances (index, instance) a MIG job's placement takes; [] otherwise."""
+        with self._lock:
+            state = self.state()
+            if job.mig_profile is None or state is None:
+                return []
+            layout = state.mig[placement.node_index]
+            return [(k, layout.instances[k]) for k in placement.gpus]
+
     def release(self, job_id: str) -> Bound | None:
         with self._lock:
             state = self.state()
@@ -154,6 +165,7 @@ class LiveCluster:
         not list (the source's own view wins: a listed node's spec is what it offers beside
         its DaemonSet pods, which the scheduler's copy does not say)."""
         with self._lock:
+            self._sync_if_due()  # a listing due now would forget what is learned here
             changed = False
             for node in nodes:
                 spec = node_spec(node, self.names)
@@ -247,6 +259,8 @@ class LiveCluster:
                 labels[self.pool_label] = n.pool
             if n.gpu_model:
                 labels[self.names.gpu_model_label] = n.gpu_model
+            if n.rack:
+                labels[self.names.rack_label] = n.rack
             specs[n.name] = NodeSpec(
                 name=n.name,
                 cpu_milli=n.cpu_milli,
@@ -254,6 +268,9 @@ class LiveCluster:
                 gpus=n.gpus,
                 model=n.gpu_model,
                 labels=tuple(sorted(labels.items())),
+                mig=layout_of(n.mig_layout, n.gpu_model) if n.mig_layout else None,
+                gpu_domains=parse_gpu_domains(n.gpu_domains, n.gpus) if n.gpu_domains else (),
+                rack=n.rack or labels.get(self.names.rack_label),
             )
         return specs
 

@@ -26,7 +26,8 @@ from pydantic import (
     model_validator,
 )
 
-from scaler.placement import Job
+from scaler.cluster.mig import MigInstance, profile_problem
+from scaler.placement import Job, Placement
 
 MAX_NAME = 253
 MAX_QUANTITY = 2**53  # far above any node; keeps every sum within int64
@@ -76,6 +77,14 @@ class JobRequest(BaseModel):
     )
     mode: Literal["pack", "spread"] = "pack"
     service: str | None = Field(default=None, min_length=1, max_length=MAX_NAME)
+    mig_profile: str | None = Field(
+        default=None,
+        min_length=1,
+        max_length=32,
+        description="MIG profile (e.g. 1g.10gb, as in nvidia.com/mig-1g.10gb): the job takes"
+        " MIG instances of it instead of GPUs",
+    )
+    mig_count: int = Field(default=1, ge=1, le=56, description="MIG instances of mig_profile")
     preempt: bool = Field(default=False, description="may evict lower-priority jobs")
     dry_run: bool = Field(default=False, description="answer without committing")
 
@@ -95,6 +104,17 @@ class JobRequest(BaseModel):
             raise ValueError("mode spread needs a service (whose replicas are spread)")
         return self
 
+    @field_validator("mig_profile")
+    @classmethod
+    def _mig(cls, value: str | None, info: ValidationInfo) -> str | None:
+        if value is None:
+            return value
+        if problem := profile_problem(value):
+            raise ValueError(problem)
+        if info.data.get("num_gpu") or info.data.get("gpu_models"):
+            raise ValueError("a MIG job asks no num_gpu or gpu_models: the profile names both")
+        return value
+
     def to_job(self) -> Job:
         share = 0 if self.num_gpu == 0 else (self.gpu_milli or 1000)
         return Job(
@@ -109,16 +129,49 @@ class JobRequest(BaseModel):
             service=self.service,
             node_selector=tuple(sorted(self.node_selector.items())),
             tolerations=frozenset(self.tolerations),
+            mig_profile=self.mig_profile,
+            mig_count=self.mig_count,
         )
+
+
+class MigInstanceModel(BaseModel):
+    """A MIG instance: `profile` on GPU `gpu` from memory slice `start`; `index` is its
+    place in the node's layout (what the GPU index annotation records for a MIG pod)."""
+
+    index: int
+    gpu: int
+    profile: str
+    start: int
 
 
 class PlacementResponse(BaseModel):
     job_id: str
     node: str
-    gpus: list[int] = Field(description="GPU indices on the node")
+    gpus: list[int] = Field(description="GPU indices on the node (a MIG job: its instances' GPUs)")
+    mig_instances: list[MigInstanceModel] = Field(
+        default=[], description="the MIG instances a MIG job takes"
+    )
     policy: str
     evict: list[str] = Field(description="jobs to evict first (preemption)")
     committed: bool
+
+    @classmethod
+    def of(
+        cls, decided: Placement, instances: list[tuple[int, MigInstance]], committed: bool
+    ) -> PlacementResponse:
+        """The answer for a placement; `instances`: its MIG instances (index, instance)."""
+        return cls(
+            job_id=decided.job_id,
+            node=decided.node,
+            gpus=sorted({i.gpu for _, i in instances}) if instances else list(decided.gpus),
+            mig_instances=[
+                MigInstanceModel(index=k, gpu=i.gpu, profile=i.profile, start=i.start)
+                for k, i in instances
+            ],
+            policy=decided.policy,
+            evict=list(decided.evict),
+            committed=committed,
+        )
 
 
 class Unplaceable(BaseModel):

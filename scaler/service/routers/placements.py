@@ -43,14 +43,8 @@ async def create_placement(request: JobRequest, ctx: Context) -> PlacementRespon
     if not isinstance(decided, Placement):
         detail = Unplaceable(job_id=decided.job_id, reason=decided.reason).model_dump()
         raise HTTPException(status.HTTP_409_CONFLICT, detail)
-    return PlacementResponse(
-        job_id=decided.job_id,
-        node=decided.node,
-        gpus=list(decided.gpus),
-        policy=decided.policy,
-        evict=list(decided.evict),
-        committed=not request.dry_run,
-    )
+    instances = ctx.cluster.mig_instances(job, decided)
+    return PlacementResponse.of(decided, instances, committed=not request.dry_run)
 
 
 @router.delete(
