@@ -402,3 +402,25 @@ def test_the_extender_filters_and_binds_mig_pods(mig_service: TestClient) -> Non
     seven = kube_pod("batch", {"nvidia.com/mig-1g.10gb": "7", "cpu": "1"})
     later = client.post("/v1/extender/filter", json={"Pod": seven, "Nodes": {"items": [mixed]}})
     assert later.json()["FailedNodes"] == {"k-mig": "6 free MIG 1g.10gb instances, job needs 7"}
+
+
+def test_defragmentation_moves_mig_jobs_onto_instances_and_leaves_them_out_of_gpu_goals() -> None:
+    from scaler.placement import apply_plan, plan_defrag
+
+    state = ClusterState.from_nodes(
+        [mig_node("n0", "0=3g.40gb,3g.40gb"), mig_node("n1", "0=3g.40gb,3g.40gb")]
+    )
+    state.bind(mig_job("a", "3g.40gb"), 0, (0,))
+    state.bind(mig_job("b", "3g.40gb"), 1, (0,))
+    plan = plan_defrag(state, POLICY, goal="nodes")
+    assert len(plan.moves) == 1 and plan.freed_nodes
+    move = plan.moves[0]
+    assert move.target_gpus in ((0,), (1,))
+    apply_plan(state, plan)
+    assert sum(state.is_empty(n) for n in range(2)) == 1
+    # Whole-GPU goals never count a MIG job's instance index as a GPU.
+    mixed = NodeSpec("m", 64_000, 512 * 1024, 2, "A100", mig=parse_layout("2=7g.80gb", "80GB"))
+    other = ClusterState.from_nodes([mixed])
+    other.bind(mig_job("c", "7g.80gb"), 0, (0,))
+    other.bind(Job("s", 1000, 1024, 1, 500), 0, (0,))
+    assert plan_defrag(other, POLICY, goal="gpus").moves == ()

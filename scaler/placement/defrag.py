@@ -26,7 +26,8 @@ import numpy as np
 
 from scaler.cluster.job import WHOLE_GPU_MILLI, Job
 from scaler.cluster.predicates import feasible
-from scaler.cluster.snapshot import ClusterState
+from scaler.cluster.snapshot import Allocation, ClusterState
+from scaler.placement.engine import choose
 from scaler.placement.policies.base import Policy
 
 Goal = Literal["nodes", "gpus"]
@@ -121,14 +122,19 @@ def _units(state: ClusterState, goal: Goal) -> list[tuple[int, int | None]]:
         for gpu in range(int(state.gpu_count[node])):
             used = WHOLE_GPU_MILLI - int(state.gpu_free[node, gpu])
             if 0 < used < WHOLE_GPU_MILLI:
-                count = sum(gpu in a.gpus for a in allocations)
+                count = sum(gpu in _gpus_of(a) for a in allocations)
                 units.append(((count, used), (node, gpu)))
     units.sort(key=lambda u: u[0])
     return [u[1] for u in units]
 
 
 def _jobs_in(state: ClusterState, node: int, gpu: int | None) -> list[str]:
-    return [a.job.id for a in state.jobs_on(node) if gpu is None or gpu in a.gpus]
+    return [a.job.id for a in state.jobs_on(node) if gpu is None or gpu in _gpus_of(a)]
+
+
+def _gpus_of(allocation: Allocation) -> tuple[int, ...]:
+    """The whole or shared GPUs a job holds (a MIG job's indices are its instances)."""
+    return () if allocation.job.mig_profile is not None else allocation.gpus
 
 
 def _evacuate(
@@ -148,7 +154,7 @@ def _evacuate(
         if gpu is None:
             fits[node] = False
             targets = np.flatnonzero(fits)
-            choice = policy.choose(state, job, targets) if targets.size else None
+            choice = choose(state, job, targets, policy) if targets.size else None
         else:
             choice = _partly_used_gpu(state, job, fits, (node, gpu))
         if choice is None:
