@@ -28,7 +28,15 @@ from helm_python import _native
 
 from scaler.cluster.pools import NodePool
 from scaler.controller.config import LiveConfig, load_live_config
-from scaler.kube.permissions import API_CALLS, COMPONENT_MODULES, Permission
+from scaler.kube.permissions import (
+    API_CALLS,
+    COMPONENT_MODULES,
+    CUSTOM_OBJECT_CALLS,
+    READ_VERBS,
+    READS_ONLY,
+    Permission,
+    permissions_of,
+)
 
 ROOT = Path(__file__).resolve().parents[1]
 CHART = ROOT / "deploy" / "helm" / "gpuscale"
@@ -111,7 +119,13 @@ SETUPS = {
     ),
 }
 # The setups scaler/controller/config.py reads today (the others wait for their fields).
-LOADED = ("nodegroups", "nodegroups-no-preposition")
+LOADED = (
+    "nodegroups",
+    "nodegroups-no-preposition",
+    "autoscaler-placeholders",
+    "capacity-buffer",
+    "karpenter",
+)
 
 
 @cache
@@ -362,12 +376,18 @@ def code_calls() -> dict[str, set[str]]:
 
 # The modules a component runs only in some setups, and the test on its live.yaml saying
 # whether it does: gpuscale cordons and drains the nodes itself only where it sizes the node
-# groups; placeholder pods only where it pre-positions with them.
+# groups; placeholder pods, or CapacityBuffers, only where it pre-positions with them; the
+# Karpenter provider only for static NodePools.
+def _pre_positions(mode: str) -> Callable[[LiveConfig], bool]:
+    return lambda live: live.kubernetes is not None and live.kubernetes.pre_position == mode
+
+
 RUNS_ONLY_WHEN: dict[str, Callable[[LiveConfig], bool]] = {
-    "scaler/kube/nodes.py": lambda live: live.provider.kind == "aws",
-    "scaler/kube/placeholders.py": lambda live: (
-        live.kubernetes is not None and bool(live.kubernetes.pre_position)
-    ),
+    "scaler/kube/nodes.py": lambda live: live.provider.scale_down == "drain",
+    "scaler/kube/placeholders.py": _pre_positions("placeholders"),
+    "scaler/kube/capacity_buffers.py": _pre_positions("capacity-buffer"),
+    "scaler/providers/karpenter.py": lambda live: live.provider.kind == "karpenter",
+    "scaler/providers/autoscaler.py": lambda live: live.provider.kind == "autoscaler",
 }
 
 
@@ -380,11 +400,14 @@ def required(
         if live is not None and runs is not None and not runs(live):
             continue
         names = calls.get(module, set())
+        reads_only = module in READS_ONLY.get(component, ())
         for name in names - {"+watch"}:
-            p = API_CALLS[name]
-            out.add(p)
-            if "+watch" in names and p.verb == "list":
-                out.add(Permission(p.group, p.resource, "watch", p.scope))
+            for p in permissions_of(module, name):
+                if reads_only and p.verb not in READ_VERBS:
+                    continue
+                out.add(p)
+                if "+watch" in names and p.verb == "list":
+                    out.add(Permission(p.group, p.resource, "watch", p.scope))
     # A verb granted cluster-wide need not be granted again in the namespace.
     cluster = {(p.group, p.resource, p.verb) for p in out if p.scope == "cluster"}
     return {p for p in out if p.scope == "cluster" or (p.group, p.resource, p.verb) not in cluster}
@@ -406,9 +429,12 @@ def granted(docs: list[dict[str, Any]], kind: str, name: str, scope: str) -> set
 def test_every_kubernetes_call_in_the_code_is_in_the_permission_table() -> None:
     calls = code_calls()
     assert calls, "the scan found no Kubernetes client calls at all"
-    used = set().union(*calls.values()) - {"+watch"}
+    custom = {(m, n) for m, methods in CUSTOM_OBJECT_CALLS.items() for n in methods}
+    made = {(m, n) for m, names in calls.items() for n in names - {"+watch"}}
+    used = {n for m, n in made - custom}
     assert used - set(API_CALLS) == set(), "add these calls to scaler/kube/permissions.py"
     assert set(API_CALLS) - used == set(), "the table lists calls the code no longer makes"
+    assert custom - made == set(), "CUSTOM_OBJECT_CALLS lists calls the code no longer makes"
     owned = {m for modules in COMPONENT_MODULES.values() for m in modules}
     assert set(calls) - owned == set(), "modules calling the API that no component runs"
     assert set(RUNS_ONLY_WHEN) <= owned

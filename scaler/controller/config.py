@@ -29,7 +29,7 @@ import socket
 from collections.abc import Sequence
 from dataclasses import replace
 from pathlib import Path
-from typing import Literal
+from typing import Any, Literal
 
 from pydantic import (
     BaseModel,
@@ -49,10 +49,12 @@ from scaler.cluster.job import Job
 from scaler.cluster.mig import layout_of
 from scaler.cluster.pools import NodePool
 from scaler.cluster.topology import parse_gpu_domains
+from scaler.kube.capacity_buffers import BufferSettings
 from scaler.kube.placeholders import PlaceholderSettings
 from scaler.placement.mix import WorkloadMix
 from scaler.planning.planner import PlannerPolicy
 from scaler.providers.aws import AwsSettings
+from scaler.providers.karpenter import KarpenterSettings
 from scaler.providers.simulated import SimulatedCloudConfig
 
 _PLACEHOLDER_POOL = re.compile(r"^[a-z0-9]([-a-z0-9]{0,38}[a-z0-9])?$")
@@ -73,16 +75,54 @@ class SimulatedProvider(SimulatedCloudConfig):
     )
 
 
+# Who removes a pool's surplus nodes: gpuscale cordons and drains them and the provider
+# deletes them (drain); the provider takes the named node out and drains it itself
+# (provider: Karpenter's termination, for a static NodePool); or nobody here, the node
+# autoscaler's own scale-down does (none).
+ScaleDown = Literal["drain", "provider", "none"]
+DEFAULT_SCALE_DOWN: dict[str, ScaleDown] = {
+    "simulated": "drain",
+    "aws": "drain",
+    "karpenter": "provider",
+    "autoscaler": "none",
+}
+
+
 class ProviderSection(_Section):
-    kind: Literal["simulated", "aws"] = "simulated"
+    """Who changes the number of nodes: the simulated cloud, AWS node groups, static
+    Karpenter NodePools (`spec.replicas`), or the cluster's node autoscaler (Cluster
+    Autoscaler, Karpenter's dynamic NodePools), which gpuscale only observes and asks for
+    spare capacity (`kubernetes.pre_position`)."""
+
+    kind: Literal["simulated", "aws", "karpenter", "autoscaler"] = "simulated"
     simulated: SimulatedProvider = SimulatedProvider()
     aws: AwsSettings | None = None
+    karpenter: KarpenterSettings | None = None
+    scale_down: ScaleDown | None = Field(
+        default=None,
+        description="drain (gpuscale drains, the provider deletes), provider (the provider"
+        " drains and deletes the node named), none (the node autoscaler's scale-down);"
+        " default: none for autoscaler, provider for karpenter, else drain",
+    )
 
     @model_validator(mode="after")
     def _aws_needs_bindings(self) -> ProviderSection:
         if self.kind == "aws" and self.aws is None:
             raise ValueError("provider kind aws needs an `aws` section with bindings")
+        if self.kind == "karpenter" and self.karpenter is None:
+            raise ValueError("provider kind karpenter needs a `karpenter` section with node_pools")
+        if self.scale_down is None:
+            object.__setattr__(self, "scale_down", DEFAULT_SCALE_DOWN[self.kind])
+        if self.kind == "autoscaler" and self.scale_down != "none":
+            raise ValueError("provider kind autoscaler removes no node: scale_down must be none")
+        if self.scale_down == "provider" and self.kind != "karpenter":
+            raise ValueError("scale_down provider is Karpenter's drain: provider kind karpenter")
         return self
+
+    @property
+    def sets_sizes(self) -> bool:
+        """gpuscale grows pools itself (else the node autoscaler provisions the room)."""
+        return self.kind != "autoscaler"
 
 
 class DrainSection(_Section):
@@ -103,7 +143,12 @@ class KubernetesSection(KubernetesSettings):
         description="API server URL used without credentials (kubectl proxy); overrides kubeconfig",
     )
     drain: DrainSection = DrainSection()
-    pre_position: bool = Field(default=True, description="keep placeholder pods for headroom")
+    pre_position: Literal["placeholders", "capacity-buffer", "none"] = Field(
+        default="placeholders",
+        description="hold the spare capacity the plan provides: with placeholder pods, with"
+        " one CapacityBuffer per pool (the node autoscaler provisions it), or not at all"
+        " (true and false read as placeholders and none)",
+    )
     placeholder_gpus: int | None = Field(
         default=None,
         gt=0,
@@ -111,6 +156,7 @@ class KubernetesSection(KubernetesSettings):
         " like the jobs of placement.mix, packed onto the room the plan provides",
     )
     placeholders: PlaceholderSettings = PlaceholderSettings()
+    capacity_buffers: BufferSettings = BufferSettings()
     gpus_annotation: str = Field(
         default=KUBE_NAMES.gpus_annotation,
         description="pod annotation recording its GPU indices",
@@ -149,7 +195,24 @@ class KubernetesSection(KubernetesSettings):
         update = {k: v for k, v in follow.items() if k not in self.placeholders.model_fields_set}
         if update:
             object.__setattr__(self, "placeholders", self.placeholders.model_copy(update=update))
+        given = self.capacity_buffers.model_fields_set
+        update = {k: v for k, v in follow.items() if k not in given}
+        if update:
+            buffers = self.capacity_buffers.model_copy(update=update)
+            object.__setattr__(self, "capacity_buffers", buffers)
         return self
+
+    @model_validator(mode="before")
+    @classmethod
+    def _pre_position_named(cls, data: Any) -> Any:
+        # Older configs (and GPUSCALE_KUBERNETES__PRE_POSITION) say true or false.
+        named = {True: "placeholders", False: "none", "true": "placeholders", "false": "none"}
+        if isinstance(data, dict) and isinstance(data.get("pre_position"), bool | str):
+            value = data["pre_position"]
+            value = value.lower() if isinstance(value, str) else value
+            if value in named:
+                data = {**data, "pre_position": named[value]}
+        return data
 
     def names(self) -> KubeNames:
         """Where this cluster's objects carry what gpuscale needs: the collector's names
@@ -375,13 +438,22 @@ class LiveConfig(FileSettings):
             unbound = sorted(set(names) - bound)
             if unbound:
                 raise ValueError(f"pools without an AWS binding: {', '.join(unbound)}")
-        if self.kubernetes is not None and self.kubernetes.pre_position:
-            # Placeholder pods are named after their pool: gpuscale-placeholder-<pool>-<i>.
+        if self.provider.kind == "karpenter" and self.provider.karpenter is not None:
+            bound = {b.pool for b in self.provider.karpenter.node_pools}
+            unbound = sorted(set(names) - bound)
+            if unbound:
+                raise ValueError(f"pools without a Karpenter NodePool: {', '.join(unbound)}")
+        if self.provider.kind in ("karpenter", "autoscaler") and self.kubernetes is None:
+            raise ValueError(f"provider kind {self.provider.kind} needs a `kubernetes` section")
+        if self.kubernetes is not None and self.kubernetes.pre_position != "none":
+            # Placeholder pods and buffers are named after their pool:
+            # gpuscale-placeholder-<pool>-<i>, gpuscale-<pool>, gpuscale-buffer-<pool>.
             bad = [n for n in names if not _PLACEHOLDER_POOL.match(n)]
             if bad:
                 raise ValueError(
-                    f"pools {', '.join(bad)} cannot name placeholder pods (lower-case letters,"
-                    " digits and '-', at most 40): set kubernetes.pre_position false or rename"
+                    f"pools {', '.join(bad)} cannot name placeholder pods or buffers (lower-case"
+                    " letters, digits and '-', at most 40): set kubernetes.pre_position none"
+                    " or rename"
                 )
         sizes = self.provider.simulated.initial_sizes
         unknown = sorted(set(sizes) - set(names))

@@ -20,7 +20,14 @@ the cluster say now, so the loop is safe to kill and restart at any moment:
   placeholders aside, room elsewhere; a node running real GPU pods never does. Nodes go in
   the one removal order (`removal_order`).
 - Placeholders hold the room the plan provides beyond real use, shaped like the configured
-  job mix packed onto the pool's nodes (or `kubernetes.placeholder_gpus` GPUs each).
+  job mix packed onto the pool's nodes (or `kubernetes.placeholder_gpus` GPUs each). With
+  `pre_position: capacity-buffer` one CapacityBuffer per pool asks the node autoscaler for
+  that room instead, in units of the pool's largest job, and each change of its replicas
+  is journaled like a resize.
+- Where the node autoscaler sizes the pools (`provider.kind: autoscaler`) gpuscale never
+  resizes them and removes no node: the surplus the plan finds is left to the autoscaler's
+  scale-down (no buffer or placeholder holds room on it). With `provider.scale_down:
+  provider` (static Karpenter NodePools) the provider drains the nodes it takes out.
 - The planner's memory advances once per demand step: passes within one step all plan
   from the memory at the start of that step, so repeating a pass repeats its decision.
 
@@ -45,11 +52,18 @@ from scaler.cluster.job import Job
 from scaler.cluster.pools import NodePool
 from scaler.cluster.snapshot import ClusterState
 from scaler.cluster.templates import template_node
-from scaler.controller.config import kube_names, mix_jobs, workload_mix
+from scaler.controller.config import KubernetesSection, kube_names, mix_jobs, workload_mix
 from scaler.controller.fleet import FleetNode, ObservedFleet, observe_fleet
 from scaler.controller.leader import LeaderElector, NotLeader
 from scaler.controller.removal_order import removal_order
 from scaler.controller.system import LiveSystem
+from scaler.kube.capacity_buffers import (
+    BufferDemand,
+    BufferSettings,
+    BufferUnit,
+    CapacityBuffers,
+    unit_template,
+)
 from scaler.kube.errors import KubeError
 from scaler.kube.nodes import DrainSettings, NodeRemoval, RemovalStatus
 from scaler.kube.objects import job_of, parse_taint
@@ -163,6 +177,9 @@ class PassDecision:
     planner_state: PlannerState
     forecast_source: str
     reactive: PendingFloor | None = None
+    buffers: tuple[BufferDemand, ...] = ()
+    # Surplus nodes the plan would take out, left to the node autoscaler (scale_down: none).
+    left_to_autoscaler: tuple[Removal, ...] = ()
 
     @property
     def problems(self) -> list[str]:
@@ -201,7 +218,9 @@ class PassDecision:
             "held": dict(self.held),
             "reactive": self.reactive.to_dict() if self.reactive is not None else None,
             "removals": [r.to_dict() for r in self.removals],
+            "left_to_autoscaler": [r.to_dict() for r in self.left_to_autoscaler],
             "placeholders": [p.model_dump() for p in self.placeholders],
+            "capacity_buffers": [b.model_dump() for b in self.buffers],
         }
 
 
@@ -369,25 +388,101 @@ def placeholder_demand(
     pending pods bound for the pool have taken theirs (`pack_placeholders`)."""
     cluster = fleet.cluster
     taints = [parse_taint(t) for t in sorted(cluster.taints)] if cluster is not None else []
-    pending = cluster.real_pending if cluster is not None else ()
     out = []
     for pool in pools:
-        going = set(estimate.pools[pool.name].jobs) if estimate is not None else set()
-        if cluster is not None:
-            going |= {j for j, p in cluster.pending_pools.items() if p == pool.name}
         room = pool_room(fleet, pool, desired.get(pool.name, 0), removed, names.pool_label)
         if room is None:
             continue
         like = job_of(read_pod(placeholder_pod(settings, pool.name, 0, 1), names), names, taints)
         sizes = pack_placeholders(
             room,
-            [j for j in pending if j.id in going],
+            pending_for(fleet, pool.name, estimate),
             placeholder_shapes(pool, mix, gpus_each),
             like,
             policy,
         )
         for gpus in sorted(set(sizes), reverse=True):
             out.append(PlaceholderDemand(pool=pool.name, count=sizes.count(gpus), gpus=gpus))
+    return out
+
+
+def pending_for(fleet: ObservedFleet, pool: str, estimate: ScaleUpEstimate | None) -> list[Job]:
+    """The waiting pods bound for `pool`: those the scale-up estimate sends to its new
+    nodes and those that ask for it. They take their room before any spare is held."""
+    cluster = fleet.cluster
+    if cluster is None:
+        return []
+    going = set(estimate.pools[pool].jobs) if estimate is not None else set()
+    going |= {j for j, p in cluster.pending_pools.items() if p == pool}
+    return [j for j in cluster.real_pending if j.id in going]
+
+
+def buffer_unit(pool: NodePool, mix: Sequence[Job], gpus_each: int | None = None) -> Job:
+    """The job one unit of a pool's CapacityBuffer stands for: `gpus_each` whole GPUs (at
+    most a node's), else the largest whole-GPU job of the mix that one of the pool's nodes
+    can run. The largest needs its room in one place and smaller jobs fit in that room,
+    while a buffer counted in smaller units could be met by scattered GPUs the large jobs
+    cannot use. One GPU where the mix has no such job."""
+    if gpus_each is not None:
+        return placeholder_shapes(pool, mix, gpus_each)[0]
+    fits = [
+        j
+        for j in placeholder_shapes(pool, mix)
+        if not j.is_sharing
+        and j.num_gpu <= pool.gpus_per_node
+        and j.cpu_milli <= pool.cpu_milli_per_node
+        and j.memory_mib <= pool.memory_mib_per_node
+    ]
+    if not fits:
+        return Job("unit", num_gpu=1, gpu_milli=1000)
+    return max(fits, key=lambda j: (j.num_gpu, j.cpu_milli, j.memory_mib))
+
+
+def buffer_demand(
+    fleet: ObservedFleet,
+    pools: Sequence[NodePool],
+    desired: Mapping[str, int],
+    *,
+    removed: frozenset[str],
+    estimate: ScaleUpEstimate | None,
+    mix: Sequence[Job],
+    policy: Policy,
+    settings: BufferSettings,
+    names: KubeNames,
+    gpus_each: int | None = None,
+) -> list[BufferDemand]:
+    """Per pool, the CapacityBuffer that asks the node autoscaler for the room the plan
+    provides beyond what real pods use or wait for: as many units of the pool's job
+    (`buffer_unit`) as `pack_placeholders` fits onto the pool's nodes after this pass
+    (`pool_room`) once the pending pods bound for the pool have taken theirs. The node
+    autoscaler sees those pods itself, and provisions for the units on top. Capped at the
+    pool's GPUs at its max size."""
+    cluster = fleet.cluster
+    taints = [parse_taint(t) for t in sorted(cluster.taints)] if cluster is not None else []
+    out = []
+    for pool in pools:
+        shape = buffer_unit(pool, mix, gpus_each)
+        unit = BufferUnit(
+            gpus=shape.num_gpu, cpu_milli=shape.cpu_milli, memory_mib=shape.memory_mib
+        )
+        template = unit_template(settings, pool.name, unit)["template"]
+        like = job_of(read_pod(template, names), names, taints)
+        planned = desired.get(pool.name, 0)
+        room = pool_room(fleet, pool, planned, removed, names.pool_label)
+        units = 0
+        if room is not None:
+            pending = pending_for(fleet, pool.name, estimate)
+            units = len(pack_placeholders(room, pending, [shape], like, policy))
+        out.append(
+            BufferDemand(
+                pool=pool.name,
+                replicas=units,
+                unit=unit,
+                limit_gpus=pool.max_size * pool.gpus_per_node,
+                reason=f"{units} x {unit.gpus} GPUs free on the {planned} node(s) planned,"
+                " beyond real pods and those waiting",
+            )
+        )
     return out
 
 
@@ -479,20 +574,31 @@ class Reconciler:
             surplus = len(fleet.nodes.get(pool.name, ())) - desired[pool.name]
             for node in choose_removals(fleet, pool.name, surplus, unremovable):
                 removals.append(Removal(pool.name, node.cloud_name, node.kube_name, node.booting))
+        # Whoever removes them, no spare room is held on the nodes the plan lets go.
+        removed = frozenset(r.cloud_name for r in removals)
+        estimate = reactive.demand.estimate if reactive is not None else None
         placeholders: list[PlaceholderDemand] = []
-        if kube is not None and kube.pre_position and self.system.kube is not None:
-            placeholders = placeholder_demand(
-                fleet,
-                cfg.pools,
-                desired,
-                removed=frozenset(r.cloud_name for r in removals),
-                estimate=reactive.demand.estimate if reactive is not None else None,
-                mix=mix_jobs(cfg.placement.mix),
-                policy=placement,
-                settings=kube.placeholders,
-                names=names,
-                gpus_each=kube.placeholder_gpus,
-            )
+        buffers: list[BufferDemand] = []
+        if kube is not None and self.system.kube is not None:
+            spare = {
+                "removed": removed,
+                "estimate": estimate,
+                "mix": mix_jobs(cfg.placement.mix),
+                "policy": placement,
+                "names": names,
+                "gpus_each": kube.placeholder_gpus,
+            }
+            if kube.pre_position == "placeholders":
+                placeholders = placeholder_demand(
+                    fleet, cfg.pools, desired, settings=kube.placeholders, **spare
+                )
+            elif kube.pre_position == "capacity-buffer":
+                buffers = buffer_demand(
+                    fleet, cfg.pools, desired, settings=kube.capacity_buffers, **spare
+                )
+        left: list[Removal] = []
+        if cfg.provider.scale_down == "none":
+            removals, left = [], removals
         return PassDecision(
             at=now,
             step=step,
@@ -507,6 +613,8 @@ class Reconciler:
             planner_state=state.after(step, planned.memory),
             forecast_source=self.system.model.source,
             reactive=reactive,
+            buffers=tuple(buffers),
+            left_to_autoscaler=tuple(left),
         )
 
     # ---- one pass -------------------------------------------------------------------------
@@ -575,19 +683,36 @@ class Reconciler:
     # ---- acting ---------------------------------------------------------------------------
     def _act(self, decision: PassDecision, decision_id: int, outcome: PassOutcome) -> None:
         groups = {g.id(): g for g in self.system.provider.node_groups()}
+        provider = self.config.provider
         for pool in self.config.pools:
             target = decision.fleet.targets.get(pool.name, 0)
             wanted = decision.desired[pool.name]
-            if wanted > target and pool.name in groups:
+            if provider.sets_sizes and wanted > target and pool.name in groups:
                 outcome.actions.append(self._grow(decision_id, groups[pool.name], target, wanted))
         chosen = {r.cloud_name for r in decision.removals}
         for removal in decision.removals:
             outcome.actions.append(self._remove(decision_id, removal))
         for node in decision.fleet.all_nodes():
+            if provider.scale_down != "drain":
+                break  # gpuscale cordons nothing: whatever is cordoned is another's doing
             if node.cordoned_by_us and node.cloud_name not in chosen and node.kube_name:
                 outcome.actions.append(self._uncordon(decision_id, node))
         kube = self.config.kubernetes
-        if kube is not None and kube.pre_position and self.system.kube is not None:
+        if kube is not None and self.system.kube is not None:
+            self._pre_position(decision, decision_id, outcome, kube)
+        outcome.errors.extend(a["result"] for a in outcome.actions if a["status"] == "failed")
+
+    def _pre_position(
+        self,
+        decision: PassDecision,
+        decision_id: int,
+        outcome: PassOutcome,
+        kube: KubernetesSection,
+    ) -> None:
+        assert self.system.kube is not None
+        if kube.pre_position == "capacity-buffer":
+            outcome.actions.extend(self._set_buffers(decision, decision_id, kube.capacity_buffers))
+        elif kube.pre_position == "placeholders":
             self._check_leader()
             try:
                 changes = Placeholders(self.system.kube, kube.placeholders).reconcile(
@@ -602,7 +727,44 @@ class Reconciler:
                     "deleted": list(changes.deleted),
                     "waiting": list(changes.waiting),
                 }
-        outcome.errors.extend(a["result"] for a in outcome.actions if a["status"] == "failed")
+
+    def _set_buffers(
+        self, decision: PassDecision, decision_id: int, settings: BufferSettings
+    ) -> list[dict[str, Any]]:
+        """Bring each pool's PodTemplate and CapacityBuffer to the plan, one journaled
+        action per buffer that differs (none when all are as planned)."""
+        assert self.system.kube is not None
+        buffers = CapacityBuffers(self.system.kube, settings)
+        self._check_leader()
+        try:
+            changes = buffers.changes(decision.buffers)
+        except KubeError as exc:
+            return [
+                {"action": "set_buffer", "node": None, "status": "failed"} | {"result": str(exc)}
+            ]
+        reasons = {b.pool: b.reason for b in decision.buffers}
+        log_ = self.system.log
+        done = []
+        for change in changes:
+            self._check_leader()
+            action = log_.begin(
+                decision_id, change.pool, "set_buffer", change.buffer, change.to_dict()
+            )
+            self.pause("journaled")
+            entry: dict[str, Any] = {"action": "set_buffer", "node": change.buffer}
+            try:
+                buffers.apply(change)
+            except KubeError as exc:
+                log_.complete(action, "failed", str(exc))
+                done.append(entry | {"status": "failed", "result": str(exc)})
+                continue
+            self.pause("acted")
+            why = change.summary
+            if change.pool in reasons:
+                why += f" ({reasons[change.pool]})"
+            log_.complete(action, "done", why)
+            done.append(entry | {"status": "done", "result": why})
+        return done
 
     def _grow(self, decision_id: int, group: Any, target: int, wanted: int) -> dict[str, Any]:
         self._check_leader()
@@ -630,8 +792,9 @@ class Reconciler:
         entry: dict[str, Any] = {"action": "remove_node", "node": removal.cloud_name}
         entry["kube_node"] = removal.kube_name
         kube = self.config.kubernetes
+        drains = self.config.provider.scale_down == "drain"
         try:
-            if removal.kube_name is not None and self.system.kube is not None and kube:
+            if drains and removal.kube_name is not None and self.system.kube is not None and kube:
                 drain = DrainSettings(kube.drain.timeout_s, kube.drain.poll_s)
                 removing = NodeRemoval(
                     self.system.kube, self.system.provider, drain, names=kube_names(kube)

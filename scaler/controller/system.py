@@ -13,11 +13,13 @@ from kubernetes import client as k8s
 
 from predictor.telemetry.kubernetes import api_client
 from predictor.telemetry.store import TelemetryStore
-from scaler.controller.config import KubernetesSection, LiveConfig
+from scaler.controller.config import KubernetesSection, LiveConfig, kube_names
 from scaler.controller.journal import DecisionJournal
 from scaler.kube.timeouts import with_timeout
 from scaler.planning.demand import ForecastModel
+from scaler.providers.autoscaler import AutoscaledCloud
 from scaler.providers.base import CloudProvider
+from scaler.providers.karpenter import KarpenterCloud
 from scaler.providers.simulated import SimulatedCloud, SimulatedNodeGroup
 
 
@@ -31,12 +33,21 @@ def kube_client(settings: KubernetesSection) -> k8s.ApiClient:
     return with_timeout(api, settings.request_timeout_s)
 
 
-def build_provider(config: LiveConfig) -> CloudProvider:
-    if config.provider.kind == "aws":
+def build_provider(config: LiveConfig, kube: k8s.ApiClient | None = None) -> CloudProvider:
+    """The configured provider; static Karpenter NodePools and autoscaled pools are read
+    (and set) through `kube`, the cluster's API client."""
+    kind = config.provider.kind
+    if kind == "aws":
         from scaler.providers.aws import AwsCloud
 
         assert config.provider.aws is not None  # the config validator made sure
         return AwsCloud(config.pools, config.provider.aws)
+    if kind in ("karpenter", "autoscaler"):
+        assert kube is not None and config.kubernetes is not None  # the validator made sure
+        if kind == "autoscaler":
+            return AutoscaledCloud(config.pools, kube, kube_names(config.kubernetes))
+        assert config.provider.karpenter is not None
+        return KarpenterCloud(config.pools, config.provider.karpenter, kube)
     return WallClockCloud.start(config)
 
 
@@ -92,7 +103,7 @@ class LiveSystem:
         kube = kube_client(config.kubernetes) if config.kubernetes is not None else None
         return cls(
             config=config,
-            provider=build_provider(config),
+            provider=build_provider(config, kube),
             kube=kube,
             store=TelemetryStore(config.state_dir),
             log=DecisionJournal(config.state_dir),

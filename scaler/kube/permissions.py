@@ -6,6 +6,10 @@ the source for every Kubernetes client method called (or handed to a watch) and 
 call is missing here, when a module that calls the API belongs to no component, or when the
 chart grants more or less than the table says.
 
+CustomObjectsApi's methods (CapacityBuffers, Karpenter's NodePools and NodeClaims, Kueue's
+Workloads) name no resource, so `CUSTOM_OBJECT_CALLS` says per module what they reach;
+`permissions_of` reads both tables.
+
 `scope` is "cluster" when the call reaches any namespace or a cluster-scoped object
 (ClusterRole), "namespace" when it only touches gpuscale's own namespace: the lease and the
 placeholder pods (Role in the release namespace).
@@ -45,7 +49,46 @@ API_CALLS: dict[str, Permission] = {
     "read_namespaced_lease": Permission("coordination.k8s.io", "leases", "get", "namespace"),
     "create_namespaced_lease": Permission("coordination.k8s.io", "leases", "create", "namespace"),
     "replace_namespaced_lease": Permission("coordination.k8s.io", "leases", "update", "namespace"),
+    # The PodTemplates of the CapacityBuffers' units, in gpuscale's namespace.
+    "read_namespaced_pod_template": Permission("", "podtemplates", "get", "namespace"),
+    "create_namespaced_pod_template": Permission("", "podtemplates", "create", "namespace"),
+    "patch_namespaced_pod_template": Permission("", "podtemplates", "patch", "namespace"),
 }
+
+_BUFFERS = "autoscaling.x-k8s.io"
+_KARPENTER = "karpenter.sh"
+
+# CustomObjectsApi's methods name no resource: what each module reaches with them.
+CUSTOM_OBJECT_CALLS: dict[str, dict[str, tuple[Permission, ...]]] = {
+    "scaler/kube/capacity_buffers.py": {
+        "list_namespaced_custom_object": (
+            Permission(_BUFFERS, "capacitybuffers", "list", "namespace"),
+        ),
+        "create_namespaced_custom_object": (
+            Permission(_BUFFERS, "capacitybuffers", "create", "namespace"),
+        ),
+        "patch_namespaced_custom_object": (
+            Permission(_BUFFERS, "capacitybuffers", "patch", "namespace"),
+        ),
+    },
+    "scaler/providers/karpenter.py": {
+        "list_cluster_custom_object": (
+            Permission(_KARPENTER, "nodepools", "list"),
+            Permission(_KARPENTER, "nodeclaims", "list"),
+        ),
+        "get_cluster_custom_object": (Permission(_KARPENTER, "nodepools", "get"),),
+        "patch_cluster_custom_object": (Permission(_KARPENTER, "nodepools", "patch"),),
+        # Karpenter drains and terminates the node of a NodeClaim deleted.
+        "delete_cluster_custom_object": (Permission(_KARPENTER, "nodeclaims", "delete"),),
+    },
+}
+
+
+def permissions_of(module: str, method: str) -> tuple[Permission, ...]:
+    """What calling client method `method` in `module` needs."""
+    custom = CUSTOM_OBJECT_CALLS.get(module, {})
+    return custom[method] if method in custom else (API_CALLS[method],)
+
 
 # The modules whose API calls each deployed component makes. The scaler pod runs the
 # reconcile loop and, beside it, a collector reading demand from the API server (informers:
@@ -60,12 +103,24 @@ COMPONENT_MODULES: dict[str, tuple[str, ...]] = {
         "scaler/kube/observed.py",
         "scaler/kube/moves.py",
         "scaler/kube/evictions.py",
+        "scaler/kube/capacity_buffers.py",
+        "scaler/providers/karpenter.py",
+        "scaler/providers/autoscaler.py",
         "predictor/telemetry/kubernetes.py",
     ),
     "service": (
         "scaler/service/cluster.py",
         "scaler/service/extender.py",
         "scaler/kube/observed.py",
+        "scaler/providers/karpenter.py",
+        "scaler/providers/autoscaler.py",
     ),
     "collector": (),
 }
+
+# Modules a component only reads through: the service plans (/v1/plan) and lists the pools
+# (/v1/nodepools) from the provider as the loop does, and changes nothing there.
+READS_ONLY: dict[str, tuple[str, ...]] = {
+    "service": ("scaler/providers/karpenter.py", "scaler/providers/autoscaler.py"),
+}
+READ_VERBS = frozenset({"get", "list", "watch"})

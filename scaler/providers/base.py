@@ -19,7 +19,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass
-from datetime import datetime
+from datetime import UTC, datetime
 from enum import StrEnum
 from typing import Protocol, runtime_checkable
 
@@ -42,6 +42,18 @@ class Node:
     status: NodeStatus
     launched_at: datetime
     ready_at: datetime | None = None  # when it became (or is expected to become) ready
+
+
+def kube_time(text: object) -> datetime:
+    """A Kubernetes timestamp (`2025-03-01T12:00:00Z`) on the loop's clock (naive UTC);
+    now when there is none, for providers whose nodes are Kubernetes objects."""
+    try:
+        parsed = datetime.fromisoformat(str(text).replace("Z", "+00:00"))
+    except ValueError:
+        parsed = datetime.now(UTC)
+    if parsed.tzinfo is not None:
+        parsed = parsed.astimezone(UTC)
+    return parsed.replace(tzinfo=None)
 
 
 @runtime_checkable

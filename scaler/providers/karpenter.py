@@ -1,0 +1,290 @@
+"""Static Karpenter NodePools as node groups: gpuscale sets `spec.replicas`.
+
+A static NodePool (karpenter.sh/v1 with `spec.replicas`, Karpenter's StaticCapacity
+feature gate) keeps that many NodeClaims whatever the pods ask: Karpenter launches the
+missing ones and, when replicas drop, deletes NodeClaims of its own choosing (unlaunched,
+then empty ones), draining their nodes as it terminates them (kubernetes-sigs/karpenter,
+designs/static-capacity.md). Each pool is bound to one such NodePool.
+
+- The target is `spec.replicas`, set (never incremented from a stale read: the NodePool
+  is read again right before each change); the bounds are the pool's, and Karpenter's
+  `limits.nodes` where the NodePool has one.
+- A pool's nodes are its NodeClaims (label `karpenter.sh/nodepool`) not being deleted,
+  booting until their Ready condition holds, each named as the fleet names nodes: the
+  instance id its providerID ends in, or the NodeClaim's name before it has launched.
+- Removing named nodes deletes their NodeClaims (Karpenter's termination cordons and drains
+  each, honouring PodDisruptionBudgets, and ends its instance) and then lowers replicas by
+  as many. In that order: lowered first, Karpenter could delete NodeClaims of its choosing
+  before ours went; deleted first, ours no longer count as running when the lower
+  number arrives, so Karpenter has nothing more to remove.
+
+Failures of the API server become `ProviderError`, as a cloud's do.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from datetime import datetime, timedelta
+from http import HTTPStatus
+from typing import Any
+
+from kubernetes import client as k8s
+from pydantic import BaseModel, ConfigDict, Field, model_validator
+
+from scaler.cluster.pools import NodePool
+from scaler.kube.errors import KubeError, kube_call
+from scaler.providers.base import Node, NodeStatus, ProviderError, kube_time
+
+GROUP = "karpenter.sh"
+VERSION = "v1"
+NODE_POOL_LABEL = "karpenter.sh/nodepool"  # on a NodeClaim and its node: the NodePool
+
+
+class KarpenterPoolBinding(BaseModel):
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    pool: str = Field(min_length=1)
+    node_pool: str = Field(min_length=1, description="a static NodePool (spec.replicas)")
+
+
+class KarpenterSettings(BaseModel):
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    node_pools: tuple[KarpenterPoolBinding, ...] = Field(min_length=1)
+
+    @model_validator(mode="after")
+    def _unique(self) -> KarpenterSettings:
+        pools = [b.pool for b in self.node_pools]
+        if len(set(pools)) != len(pools):
+            raise ValueError("a pool is bound twice")
+        node_pools = [b.node_pool for b in self.node_pools]
+        if len(set(node_pools)) != len(node_pools):
+            raise ValueError("a NodePool is bound to two pools")
+        return self
+
+
+@dataclass(frozen=True, slots=True)
+class _Claim:
+    name: str  # the NodeClaim's
+    node: str  # as the fleet names the node (see the module docstring)
+    ready: bool
+    created: datetime
+
+
+@dataclass(frozen=True, slots=True)
+class _PoolState:
+    replicas: int
+    node_limit: int | None
+    claims: tuple[_Claim, ...]
+
+
+def read_claim(obj: Mapping[str, Any]) -> _Claim:
+    meta = obj.get("metadata") or {}
+    status = obj.get("status") or {}
+    provider_id = str(status.get("providerID") or "")
+    conditions = {c.get("type"): c.get("status") for c in status.get("conditions") or []}
+    return _Claim(
+        name=str(meta.get("name") or ""),
+        node=provider_id.rstrip("/").rsplit("/", 1)[-1] if provider_id else str(meta["name"]),
+        ready=conditions.get("Ready") == "True",
+        created=kube_time(meta.get("creationTimestamp")),
+    )
+
+
+def _node_limit(node_pool: Mapping[str, Any]) -> int | None:
+    limit = ((node_pool.get("spec") or {}).get("limits") or {}).get("nodes")
+    return None if limit is None else int(str(limit))
+
+
+class KarpenterCloud:
+    """A `CloudProvider` over static Karpenter NodePools."""
+
+    def __init__(
+        self, pools: Sequence[NodePool], settings: KarpenterSettings, api: k8s.ApiClient
+    ) -> None:
+        by_name = {p.name: p for p in pools}
+        unknown = [b.pool for b in settings.node_pools if b.pool not in by_name]
+        if unknown:
+            raise ProviderError(f"bound pools not in the pool list: {', '.join(unknown)}")
+        self._custom = k8s.CustomObjectsApi(api)
+        self._groups = {
+            b.pool: KarpenterNodeGroup(self, by_name[b.pool], b.node_pool)
+            for b in settings.node_pools
+        }
+
+    # CloudProvider ---------------------------------------------------------------------
+    def name(self) -> str:
+        return "karpenter"
+
+    def node_groups(self) -> list[KarpenterNodeGroup]:
+        return list(self._groups.values())
+
+    def node_group_for(self, node_name: str) -> KarpenterNodeGroup | None:
+        for group in self._groups.values():
+            if group._claim(node_name) is not None:
+                return group
+        return None
+
+    def refresh(self) -> None:
+        """Two lists: every NodePool and every NodeClaim."""
+        pools = self._call(
+            "list NodePools",
+            lambda: self._custom.list_cluster_custom_object(GROUP, VERSION, "nodepools"),
+        )
+        by_name = {p["metadata"]["name"]: p for p in pools.get("items") or []}
+        claims = self._claims()
+        for group in self._groups.values():
+            found = by_name.get(group.node_pool)
+            if found is None:
+                raise ProviderError(f"{group.id()}: no NodePool {group.node_pool}")
+            group._state = group._state_of(found, claims.get(group.node_pool, ()))
+
+    # Calls -----------------------------------------------------------------------------
+    def _call(self, what: str, request: Any, expect: Sequence[int] = ()) -> Any:
+        try:
+            return kube_call(what, request, expect=expect)
+        except KubeError as exc:
+            raise ProviderError(str(exc)) from None
+
+    def _claims(self) -> dict[str, tuple[_Claim, ...]]:
+        """NodeClaims not being deleted, by NodePool."""
+        listing = self._call(
+            "list NodeClaims",
+            lambda: self._custom.list_cluster_custom_object(GROUP, VERSION, "nodeclaims"),
+        )
+        out: dict[str, list[_Claim]] = {}
+        for obj in listing.get("items") or []:
+            meta = obj.get("metadata") or {}
+            owner = (meta.get("labels") or {}).get(NODE_POOL_LABEL)
+            if owner and meta.get("deletionTimestamp") is None:
+                out.setdefault(owner, []).append(read_claim(obj))
+        return {pool: tuple(sorted(found, key=lambda c: c.name)) for pool, found in out.items()}
+
+    def _read(self, group: KarpenterNodeGroup) -> _PoolState:
+        node_pool = self._call(
+            f"{group.id()}: read NodePool {group.node_pool}",
+            lambda: self._custom.get_cluster_custom_object(
+                GROUP, VERSION, "nodepools", group.node_pool
+            ),
+        )
+        return group._state_of(node_pool, self._claims().get(group.node_pool, ()))
+
+    def _set_replicas(self, group: KarpenterNodeGroup, replicas: int) -> None:
+        self._call(
+            f"{group.id()}: set replicas of NodePool {group.node_pool} to {replicas}",
+            lambda: self._custom.patch_cluster_custom_object(
+                GROUP, VERSION, "nodepools", group.node_pool, {"spec": {"replicas": replicas}}
+            ),
+        )
+
+    def _delete_claim(self, group: KarpenterNodeGroup, name: str) -> None:
+        self._call(
+            f"{group.id()}: delete NodeClaim {name}",
+            lambda: self._custom.delete_cluster_custom_object(GROUP, VERSION, "nodeclaims", name),
+            expect=(HTTPStatus.NOT_FOUND,),  # gone already
+        )
+
+
+class KarpenterNodeGroup:
+    """One pool backed by a static NodePool (a `NodeGroup`)."""
+
+    def __init__(self, cloud: KarpenterCloud, pool: NodePool, node_pool: str) -> None:
+        self._cloud = cloud
+        self._pool = pool
+        self.node_pool = node_pool
+        self._state: _PoolState | None = None
+
+    def id(self) -> str:
+        return self._pool.name
+
+    def min_size(self) -> int:
+        return self._pool.min_size
+
+    def max_size(self) -> int:
+        limit = self._current().node_limit
+        return self._pool.max_size if limit is None else min(self._pool.max_size, limit)
+
+    def target_size(self) -> int:
+        return self._current().replicas
+
+    def increase_size(self, delta: int) -> None:
+        if delta <= 0:
+            raise ProviderError(f"{self.id()}: size increase must be positive, got {delta}")
+        self._reload()
+        target = self.target_size()
+        if target + delta > self.max_size():
+            raise ProviderError(
+                f"{self.id()}: size increase too large: {target} + {delta} "
+                f"exceeds max {self.max_size()}"
+            )
+        try:
+            self._cloud._set_replicas(self, target + delta)
+        finally:
+            self._reload()
+
+    def delete_nodes(self, names: Sequence[str]) -> None:
+        self._reload()
+        unknown = [n for n in names if self._claim(n) is None]
+        if unknown:
+            raise ProviderError(f"{self.id()}: not nodes of this group: {', '.join(unknown)}")
+        if len(set(names)) != len(names):
+            raise ProviderError(f"{self.id()}: a node is named twice")
+        target = self.target_size()
+        if target - len(names) < self.min_size():
+            raise ProviderError(
+                f"{self.id()}: deleting {len(names)} would go below min size {self.min_size()}"
+            )
+        claims = [self._claim(n) for n in names]
+        try:
+            for done, claim in enumerate(claims):
+                assert claim is not None
+                try:
+                    self._cloud._delete_claim(self, claim.name)
+                except ProviderError as exc:
+                    gone = ", ".join(names[:done]) or "none"
+                    raise ProviderError(f"{exc} (deleted before it: {gone})") from None
+            self._cloud._set_replicas(self, target - len(names))
+        finally:
+            self._reload()
+
+    def nodes(self) -> list[Node]:
+        boot = timedelta(seconds=self._pool.boot_seconds)
+        return [
+            Node(
+                name=c.node,
+                pool=self.id(),
+                status=NodeStatus.READY if c.ready else NodeStatus.BOOTING,
+                launched_at=c.created,
+                ready_at=None if c.ready else c.created + boot,
+            )
+            for c in self._current().claims
+        ]
+
+    def template(self) -> NodePool:
+        return self._pool
+
+    # Internals used by the cloud ---------------------------------------------------------
+    def _state_of(self, node_pool: Mapping[str, Any], claims: Sequence[_Claim]) -> _PoolState:
+        replicas = (node_pool.get("spec") or {}).get("replicas")
+        if replicas is None:
+            raise ProviderError(
+                f"{self.id()}: NodePool {self.node_pool} is not static (no spec.replicas):"
+                " Karpenter sizes it; use provider kind autoscaler for it"
+            )
+        return _PoolState(int(replicas), _node_limit(node_pool), tuple(claims))
+
+    def _current(self) -> _PoolState:
+        if self._state is None:
+            self._reload()
+        assert self._state is not None
+        return self._state
+
+    def _reload(self) -> None:
+        self._state = self._cloud._read(self)
+
+    def _claim(self, node: str) -> _Claim | None:
+        for claim in self._current().claims:
+            if node in (claim.node, claim.name):
+                return claim
+        return None
