@@ -63,7 +63,7 @@ def bench_scaling(
         typer.Option(
             "--target-shortage",
             help="Service-level knob: share of steps allowed short (default: the planner's,"
-            " 0.003); lower costs more and waits less.",
+            " 0.001); lower costs more and waits less.",
         ),
     ] = None,
     knobs: Annotated[

@@ -70,7 +70,7 @@ class PlannerPolicy(BaseModel):
     mode: Mode = "predictive"
     step_seconds: float = Field(default=600.0, gt=0)
     target_shortage: float = Field(
-        default=0.003,
+        default=0.001,
         gt=0,
         lt=1,
         description="share of steps allowed to lack capacity: lower costs more, waits less",
