@@ -114,9 +114,9 @@ the values. Other fields: GPUSCALE_* variables in scaler.extraEnv / service.extr
 {{- $provider = dict "kind" "autoscaler" -}}
 {{- end -}}
 {{- $placeholders := dict "namespace" .Release.Namespace "priority_class" (include "gpuscale.placeholderPriorityClass" .) -}}
-{{- $kubernetes := merge (dict "pre_position" (eq .Values.prePosition "placeholders") "placeholders" $placeholders) (include "gpuscale.clusterNames" . | fromYaml) -}}
+{{- $prePosition := get (dict "placeholders" "placeholders" "capacityBuffer" "capacity-buffer" "none" "none") .Values.prePosition -}}
+{{- $kubernetes := merge (dict "pre_position" $prePosition "placeholders" $placeholders) (include "gpuscale.clusterNames" . | fromYaml) -}}
 {{- if eq .Values.prePosition "capacityBuffer" -}}
-{{- $_ := set $kubernetes "pre_position" "capacity-buffer" -}}
 {{- $_ := set $kubernetes "capacity_buffers" (dict "namespace" .Release.Namespace) -}}
 {{- end -}}
 {{- if .Values.kueue.enabled -}}
