@@ -125,6 +125,7 @@ LOADED = (
     "autoscaler-placeholders",
     "capacity-buffer",
     "karpenter",
+    "capacity-buffer-kueue",
 )
 
 
@@ -377,7 +378,7 @@ def code_calls() -> dict[str, set[str]]:
 # The modules a component runs only in some setups, and the test on its live.yaml saying
 # whether it does: gpuscale cordons and drains the nodes itself only where it sizes the node
 # groups; placeholder pods, or CapacityBuffers, only where it pre-positions with them; the
-# Karpenter provider only for static NodePools.
+# Karpenter provider only for static NodePools; Kueue's queue only where it is enabled.
 def _pre_positions(mode: str) -> Callable[[LiveConfig], bool]:
     return lambda live: live.kubernetes is not None and live.kubernetes.pre_position == mode
 
@@ -388,6 +389,10 @@ RUNS_ONLY_WHEN: dict[str, Callable[[LiveConfig], bool]] = {
     "scaler/kube/capacity_buffers.py": _pre_positions("capacity-buffer"),
     "scaler/providers/karpenter.py": lambda live: live.provider.kind == "karpenter",
     "scaler/providers/autoscaler.py": lambda live: live.provider.kind == "autoscaler",
+    "scaler/kube/kueue.py": lambda live: live.kubernetes is not None and live.kubernetes.kueue,
+    "predictor/telemetry/kueue.py": lambda live: (
+        live.kubernetes is not None and live.kubernetes.kueue
+    ),
 }
 
 

@@ -107,6 +107,11 @@ class KubernetesSettings(_Section):
     gpu_milli_annotation: str = Field(
         default=KUBE_NAMES.gpu_milli_annotation, description="pod annotation asking a GPU share"
     )
+    kueue: bool = Field(
+        default=False,
+        description="count pending Kueue Workloads (kueue.x-k8s.io/v1beta1) as demand of the"
+        " pools they target, before their pods exist",
+    )
     watch_timeout_s: int = Field(default=300, ge=1, description="server-side watch timeout")
     request_timeout_s: float = Field(default=10.0, gt=0)
 

@@ -12,6 +12,11 @@ of its node; a pending pod wants the pool its nodeSelector or node affinity name
 pool label (the first one it names, so each pod is counted once and the pools add up to
 the cluster). Pending pods that name no pool, and running pods on unlabelled nodes, are
 counted in the series `unpooled`.
+
+With `kueue`, Kueue's pending Workloads and its ResourceFlavors are watched too: the GPUs
+of their pod sets (`kueue.queued_pod_sets`) are pending demand of the pools they target,
+before any of their pods exist, and are also stored on their own as `queued` (the
+queue, an input the forecaster may use). Admitted Workloads count through their pods.
 """
 
 from __future__ import annotations
@@ -33,6 +38,13 @@ from kubernetes.config.config_exception import ConfigException
 from predictor.foundation.errors import InputError
 from predictor.telemetry.config import KubernetesSettings
 from predictor.telemetry.kube_objects import KubeNames, read_node, read_pod
+from predictor.telemetry.kueue import (
+    QueuedPodSet,
+    list_flavors,
+    list_workloads,
+    queued_pod_sets,
+    read_flavors,
+)
 from predictor.telemetry.sources import MetricBatch, Source, SourceError
 
 log = logging.getLogger(__name__)
@@ -65,14 +77,15 @@ class GpuPod:
 class PoolDemand:
     pool: str
     running: float  # GPUs; shared GPUs count as their shares
-    pending: float
+    pending: float  # of pending pods
     capacity: int  # allocatable GPUs of schedulable nodes
     nodes: int
     gpu_model: str
+    queued: float = 0.0  # of pending Kueue Workloads (no pods yet)
 
     @property
     def demand(self) -> float:
-        return self.running + self.pending
+        return self.running + self.pending + self.queued
 
 
 def api_client(settings: KubernetesSettings) -> k8s.ApiClient:
@@ -129,11 +142,15 @@ def parse_pod(pod: Mapping[str, Any], names: KubeNames) -> GpuPod:
     )
 
 
-def pool_demand(nodes: Iterable[GpuNode], pods: Iterable[GpuPod]) -> list[PoolDemand]:
-    """Demand and capacity per pool; every pool that has nodes or is wanted appears."""
+def pool_demand(
+    nodes: Iterable[GpuNode], pods: Iterable[GpuPod], queued: Iterable[QueuedPodSet] = ()
+) -> list[PoolDemand]:
+    """Demand and capacity per pool; every pool that has nodes or is wanted appears.
+    `queued`: the pod sets of pending Kueue Workloads, in the pool each targets."""
     by_node = {node.name: node for node in nodes}
     running: dict[str, float] = {}
     pending: dict[str, float] = {}
+    waiting: dict[str, float] = {}
     for pod in pods:
         if pod.gpus == 0 or pod.phase not in ("Running", "Pending"):
             continue
@@ -141,7 +158,11 @@ def pool_demand(nodes: Iterable[GpuNode], pods: Iterable[GpuPod]) -> list[PoolDe
         pool = node.pool if node is not None else pod.wanted_pool or UNPOOLED
         target = running if pod.phase == "Running" else pending
         target[pool] = target.get(pool, 0.0) + pod.gpus
-    pools = sorted({n.pool for n in by_node.values()} | set(running) | set(pending))
+    for pod_set in queued:
+        if pod_set.gpus and not pod_set.pod.placeholder:
+            pool = pod_set.pod.wanted_pool or UNPOOLED
+            waiting[pool] = waiting.get(pool, 0.0) + pod_set.gpus
+    pools = sorted({n.pool for n in by_node.values()} | set(running) | set(pending) | set(waiting))
     out = []
     for pool in pools:
         members = [n for n in by_node.values() if n.pool == pool]
@@ -153,21 +174,28 @@ def pool_demand(nodes: Iterable[GpuNode], pods: Iterable[GpuPod]) -> list[PoolDe
                 capacity=sum(n.allocatable_gpus for n in members if n.schedulable),
                 nodes=len(members),
                 gpu_model=",".join(sorted({n.gpu_model for n in members if n.gpu_model})),
+                queued=waiting.get(pool, 0.0),
             )
         )
     return out
 
 
-def demand_batches(pools: list[PoolDemand], at: pd.Timestamp) -> list[MetricBatch]:
+def demand_batches(
+    pools: list[PoolDemand], at: pd.Timestamp, queue: bool = False
+) -> list[MetricBatch]:
     """One batch per metric, one point per pool, stamped `at`. The names match those the
-    store gives trace columns (gpu_demand, running, pending, capacity)."""
+    store gives trace columns (gpu_demand, running, pending, capacity); pending counts
+    the queued Workloads' GPUs too, and with `queue` they are also a metric of their own
+    (`queued`)."""
     columns = {
         "gpu_demand": [p.demand for p in pools],
         "running": [p.running for p in pools],
-        "pending": [p.pending for p in pools],
+        "pending": [p.pending + p.queued for p in pools],
         "capacity": [p.capacity for p in pools],
         "nodes": [p.nodes for p in pools],
     }
+    if queue:
+        columns["queued"] = [p.queued for p in pools]
     base = pd.DataFrame(
         {
             "unique_id": [p.pool for p in pools],
@@ -207,7 +235,8 @@ class Informer(Generic[T]):
 
     @staticmethod
     def _key(obj: Any) -> str:
-        return f"{obj.metadata.namespace or ''}/{obj.metadata.name}"
+        namespace, name, _ = _meta(obj)
+        return f"{namespace}/{name}"
 
     def sync(self) -> None:
         """List everything: the cache becomes exactly the server's state."""
@@ -216,10 +245,11 @@ class Informer(Generic[T]):
         except _API_ERRORS as exc:
             self.error = f"list {self.kind}: {exc}"
             raise SourceError(self.error) from exc
-        items = {self._key(obj): self._convert(obj) for obj in listing.items or []}
+        found = listing.get("items") if isinstance(listing, dict) else listing.items
+        items = {self._key(obj): self._convert(obj) for obj in found or []}
         with self._lock:
             self._items = items
-            self._version = listing.metadata.resource_version
+            self._version = _meta(listing)[2]
             self.error = None
 
     def items(self) -> list[T]:
@@ -249,7 +279,7 @@ class Informer(Generic[T]):
                         self._items.pop(self._key(obj), None)
                     else:
                         self._items[self._key(obj)] = self._convert(obj)
-                    self._version = obj.metadata.resource_version
+                    self._version = _meta(obj)[2]
         except k8s.ApiException as exc:
             if exc.status != 410:
                 raise
@@ -282,6 +312,19 @@ class Informer(Generic[T]):
             self._watch.stop()
 
 
+def _meta(obj: Any) -> tuple[str, str, str | None]:
+    """(namespace, name, resourceVersion) of a client model or, for custom objects, a dict."""
+    if isinstance(obj, dict):
+        meta = obj.get("metadata") or {}
+        return meta.get("namespace") or "", meta.get("name") or "", meta.get("resourceVersion")
+    meta = obj.metadata
+    return (
+        getattr(meta, "namespace", None) or "",
+        getattr(meta, "name", None) or "",
+        meta.resource_version,
+    )
+
+
 class KubernetesSource(Source):
     """GPU demand, capacity and node count per pool, from nodes and pods."""
 
@@ -302,6 +345,13 @@ class KubernetesSource(Source):
             lambda p: parse_pod(as_json(p), names),
             settings,
         )
+        self._names = names
+        self.informers: list[Informer[Any]] = [self.nodes, self.pods]
+        if settings.kueue:
+            # Kept as they come: a Workload is read against the flavors when sampled.
+            self.workloads = Informer("workloads", list_workloads(self._client), dict, settings)
+            self.flavors = Informer("resourceflavors", list_flavors(self._client), dict, settings)
+            self.informers += [self.workloads, self.flavors]
         self._stop = threading.Event()
         self._threads: list[threading.Thread] = []
 
@@ -317,10 +367,10 @@ class KubernetesSource(Source):
     def start(self) -> None:
         """Keep nodes and pods watched in the background; the first list happens here, so
         the first sample has data (if it fails, the watch threads keep trying)."""
-        for informer in (self.nodes, self.pods):
+        for informer in self.informers:
             with contextlib.suppress(SourceError):
                 informer.sync()
-        for informer in (self.nodes, self.pods):
+        for informer in self.informers:
             thread = threading.Thread(
                 target=informer.run, args=(self._stop,), name=f"watch-{informer.kind}", daemon=True
             )
@@ -329,17 +379,23 @@ class KubernetesSource(Source):
 
     def sample(self, at: pd.Timestamp) -> list[MetricBatch]:
         if not self._threads:
-            self.nodes.sync()
-            self.pods.sync()
-        for informer in (self.nodes, self.pods):
+            for informer in self.informers:
+                informer.sync()
+        for informer in self.informers:
             if informer.error is not None:
                 # A cache that is not being kept current is not an observation.
                 raise SourceError(informer.error)
-        return demand_batches(pool_demand(self.nodes.items(), self.pods.items()), at)
+        queued: list[QueuedPodSet] = []
+        if self.settings.kueue:
+            flavors = read_flavors(self.flavors.items())
+            for workload in self.workloads.items():
+                queued.extend(queued_pod_sets(workload, flavors, self._names))
+        pools = pool_demand(self.nodes.items(), self.pods.items(), queued)
+        return demand_batches(pools, at, queue=self.settings.kueue)
 
     def close(self) -> None:
         self._stop.set()
-        for informer in (self.nodes, self.pods):
+        for informer in self.informers:
             informer.stop()
         for thread in self._threads:
             thread.join(timeout=5)

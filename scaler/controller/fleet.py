@@ -6,9 +6,9 @@ removal: a scale-down must not kill training), how many pods a drain would have 
 whether gpuscale cordoned it, and, once `with_removal_checks` has run, whether the
 scale-down check found its pods room elsewhere (with the pending pods that fit now already
 placed, as Cluster Autoscaler does). It also counts, per pool, the GPUs real
-pods hold or wait for (shared GPUs as their shares). What Kubernetes shows comes from the
-one cluster snapshot (`scaler.kube.observed`), kept in the view for the loop's reactive
-floor and placeholder sizing.
+pods hold or wait for (shared GPUs as their shares; pending Kueue Workloads' too). What
+Kubernetes shows comes from the one cluster snapshot (`scaler.kube.observed`), kept in the
+view for the loop's reactive floor and placeholder sizing.
 
 Without Kubernetes the view has only the provider's nodes.
 """
@@ -234,9 +234,10 @@ def observe_fleet(
     used: dict[str, float] = dict.fromkeys(pools, 0.0)
     for name, pool in pool_of_kube.items():
         used[pool] += cluster.nodes[name].gpus_used
-    for wanted, gpus in cluster.pending_gpus.items():
-        if wanted in used:
-            used[wanted] += gpus
+    for waiting in (cluster.pending_gpus, cluster.queued_gpus):
+        for wanted, gpus in waiting.items():
+            if wanted in used:
+                used[wanted] += gpus
 
     nodes = {}
     for pool, found in cloud_nodes.items():

@@ -65,6 +65,7 @@ from scaler.kube.capacity_buffers import (
     unit_template,
 )
 from scaler.kube.errors import KubeError
+from scaler.kube.kueue import with_queue
 from scaler.kube.nodes import DrainSettings, NodeRemoval, RemovalStatus
 from scaler.kube.objects import job_of, parse_taint
 from scaler.kube.observed import ObserveCluster, observe_cluster
@@ -143,10 +144,12 @@ class Removal:
 
 @dataclass(frozen=True)
 class PendingFloor:
-    """The reactive floor of a pass (`planning.reactive`) and how many real pods wait."""
+    """The reactive floor of a pass (`planning.reactive`), how many real pods wait and how
+    many jobs of pending Kueue Workloads (no pods yet) are counted with them."""
 
     reactive: ReactiveFloor
     pending: int
+    queued: int = 0
 
     @property
     def floor(self) -> Mapping[str, int]:
@@ -157,7 +160,7 @@ class PendingFloor:
         return self.reactive.demand
 
     def to_dict(self) -> dict[str, object]:
-        return {"pending_pods": self.pending, **self.reactive.to_dict()}
+        return {"pending_pods": self.pending, "queued_jobs": self.queued} | self.reactive.to_dict()
 
 
 @dataclass(frozen=True, eq=False)
@@ -251,9 +254,12 @@ def pending_floor(
 ) -> PendingFloor:
     """The sizes the pending pods need at least (`planning.reactive.reactive_floor`, as
     the job simulator computes it): `reactive_demand` packs them onto the ready nodes, the
-    booting ones and new template nodes of the fleet the loop observed."""
+    booting ones and new template nodes of the fleet the loop observed. The jobs of
+    pending Kueue Workloads wait with them, each Workload a gang."""
     cluster = fleet.cluster
-    pending = cluster.real_pending if cluster is not None else ()
+    pods = cluster.real_pending if cluster is not None else ()
+    queued = cluster.queued if cluster is not None else ()
+    pending = (*pods, *queued)
     # A node that has registered is in the cluster state; only the others are on the way.
     booting = {
         pool: sum(n.booting and n.kube_name is None for n in nodes)
@@ -268,7 +274,8 @@ def pending_floor(
         current=fleet.sizes(),
         pool_label=pool_label,
     )
-    return PendingFloor(reactive_floor(demand, fleet_state, pools, policy), len(pending))
+    floor = reactive_floor(demand, fleet_state, pools, policy)
+    return PendingFloor(floor, len(pods), len(queued))
 
 
 def choose_removals(
@@ -552,7 +559,7 @@ class Reconciler:
             self.system.kube,
             names,
             assume_idle=self.system.provider.name() == "simulated",
-            observe=self.observe,
+            observe=with_queue(self.observe) if kube is not None and kube.kueue else self.observe,
         ).with_removal_checks(placement, unremovable)
         known: dict[str, list[str]] = self.system.log.load(KNOWN_KEY, {})
         current = {pool: {n.cloud_name for n in nodes} for pool, nodes in fleet.nodes.items()}

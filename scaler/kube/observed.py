@@ -16,7 +16,9 @@ an `ObservedCluster`:
 - per node what the loop needs to remove it: its pool label, its provider's name, the real
   pods a drain would move and whether real pods hold GPUs there;
 - the pods bound into the state (by job id), for what a job's pod says beyond the job (may
-  it be moved, what recreates it), and the moves defragmentation planned onto each node.
+  it be moved, what recreates it), and the moves defragmentation planned onto each node;
+- with Kueue (`scaler.kube.kueue.with_queue`), the jobs of the pending Workloads, which have
+  no pods yet, apart from the pending pods.
 
 Whatever reads the cluster to decide (the reconcile loop's fleet, its reactive floor, the
 scale-down check, the placeholder sizing) reads this one snapshot.
@@ -79,6 +81,9 @@ class ObservedCluster:
     taints: frozenset[str] = frozenset()  # every node's scheduling taints
     bound_pods: Mapping[str, PodRequest] = field(default_factory=dict)  # by job id, in state
     moves: Mapping[str, tuple[PlannedMove, ...]] = field(default_factory=dict)  # by target
+    queued: tuple[Job, ...] = ()  # pending Kueue Workloads' jobs (no pods yet), gangs
+    queued_pools: Mapping[str, str | None] = field(default_factory=dict)  # job -> pool
+    queued_gpus: Mapping[str | None, float] = field(default_factory=dict)  # per pool
 
     @property
     def real_pending(self) -> tuple[Job, ...]:

@@ -57,6 +57,7 @@ API_CALLS: dict[str, Permission] = {
 
 _BUFFERS = "autoscaling.x-k8s.io"
 _KARPENTER = "karpenter.sh"
+_KUEUE = "kueue.x-k8s.io"
 
 # CustomObjectsApi's methods name no resource: what each module reaches with them.
 CUSTOM_OBJECT_CALLS: dict[str, dict[str, tuple[Permission, ...]]] = {
@@ -80,6 +81,20 @@ CUSTOM_OBJECT_CALLS: dict[str, dict[str, tuple[Permission, ...]]] = {
         "patch_cluster_custom_object": (Permission(_KARPENTER, "nodepools", "patch"),),
         # Karpenter drains and terminates the node of a NodeClaim deleted.
         "delete_cluster_custom_object": (Permission(_KARPENTER, "nodeclaims", "delete"),),
+    },
+    # Kueue's queue: the loop lists it each pass, the collector beside it watches it.
+    "scaler/kube/kueue.py": {
+        "list_cluster_custom_object": (
+            Permission(_KUEUE, "workloads", "list"),
+            Permission(_KUEUE, "resourceflavors", "list"),
+        ),
+    },
+    "predictor/telemetry/kueue.py": {
+        "list_cluster_custom_object": tuple(
+            Permission(_KUEUE, resource, verb)
+            for resource in ("workloads", "resourceflavors")
+            for verb in ("list", "watch")
+        ),
     },
 }
 
@@ -106,7 +121,9 @@ COMPONENT_MODULES: dict[str, tuple[str, ...]] = {
         "scaler/kube/capacity_buffers.py",
         "scaler/providers/karpenter.py",
         "scaler/providers/autoscaler.py",
+        "scaler/kube/kueue.py",
         "predictor/telemetry/kubernetes.py",
+        "predictor/telemetry/kueue.py",
     ),
     "service": (
         "scaler/service/cluster.py",
@@ -114,6 +131,7 @@ COMPONENT_MODULES: dict[str, tuple[str, ...]] = {
         "scaler/kube/observed.py",
         "scaler/providers/karpenter.py",
         "scaler/providers/autoscaler.py",
+        "scaler/kube/kueue.py",
     ),
     "collector": (),
 }

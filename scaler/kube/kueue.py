@@ -1,0 +1,86 @@
+"""Kueue's queue in the live loop: pending Workloads as the jobs they will become.
+
+`read_queue` lists Kueue's Workloads and ResourceFlavors once per pass and reads the pod
+sets still waiting (`predictor.telemetry.kueue.queued_pod_sets`: pending, not admitted,
+each pod set in the pool its flavor or node selector targets). `queued_jobs` makes each
+pod set `count` jobs of its pod's shape, one gang per Workload (Kueue admits a Workload's
+pods all together): a pending Workload of 2 pods x 8 GPUs is a gang of two 8-GPU jobs.
+`with_queue` adds them to the cluster snapshot (`ObservedCluster.queued`), so the loop's
+scale-up estimate and reactive floor see them before any of their pods exist. Admitted
+Workloads are not read: their pods are in the snapshot already.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Sequence
+from dataclasses import replace
+
+from kubernetes import client as k8s
+
+from predictor.telemetry.kube_objects import KubeNames, Taint
+from predictor.telemetry.kueue import (
+    FLAVORS,
+    GROUP,
+    VERSION,
+    WORKLOADS,
+    QueuedPodSet,
+    queued_pod_sets,
+    read_flavors,
+)
+from scaler.cluster.job import Job
+from scaler.kube.errors import kube_call
+from scaler.kube.objects import job_of
+from scaler.kube.observed import ObserveCluster, ObservedCluster
+
+
+def read_queue(api: k8s.ApiClient, names: KubeNames) -> list[QueuedPodSet]:
+    """The pod sets of every pending Workload. Raises KubeError when the API server
+    cannot answer (a cluster without Kueue's CRDs answers 404)."""
+    custom = k8s.CustomObjectsApi(api)
+    what = "read Kueue's Workloads and ResourceFlavors"
+    flavors = kube_call(what, lambda: custom.list_cluster_custom_object(GROUP, VERSION, FLAVORS))
+    workloads = kube_call(
+        what, lambda: custom.list_cluster_custom_object(GROUP, VERSION, WORKLOADS)
+    )
+    known = read_flavors(flavors.get("items") or [])
+    return [
+        pod_set
+        for workload in workloads.get("items") or []
+        for pod_set in queued_pod_sets(workload, known, names)
+    ]
+
+
+def queued_jobs(
+    pod_sets: Iterable[QueuedPodSet], names: KubeNames, taints: Sequence[Taint] = ()
+) -> list[Job]:
+    """`count` jobs per pod set, named `<namespace>/<workload>/<pod set>-<i>`, the
+    Workload's pod sets one gang."""
+    out = []
+    for pod_set in pod_sets:
+        job = job_of(pod_set.pod, names, taints)
+        for i in range(pod_set.count):
+            out.append(
+                replace(job, id=f"{pod_set.workload}/{pod_set.name}-{i}", gang=pod_set.workload)
+            )
+    return out
+
+
+def with_queue(observe: ObserveCluster) -> ObserveCluster:
+    """`observe`, with the pending Workloads' jobs in the snapshot it returns."""
+
+    def observe_with_queue(api: k8s.ApiClient, names: KubeNames) -> ObservedCluster:
+        cluster = observe(api, names)
+        pod_sets = read_queue(api, names)
+        taints = [Taint.from_text(t) for t in sorted(cluster.taints)]
+        jobs = queued_jobs(pod_sets, names, taints)
+        pools = {
+            f"{p.workload}/{p.name}-{i}": p.pod.wanted_pool
+            for p in pod_sets
+            for i in range(p.count)
+        }
+        gpus: dict[str | None, float] = {}
+        for p in pod_sets:
+            gpus[p.pod.wanted_pool] = gpus.get(p.pod.wanted_pool, 0.0) + p.gpus
+        return replace(cluster, queued=tuple(jobs), queued_pools=pools, queued_gpus=gpus)
+
+    return observe_with_queue

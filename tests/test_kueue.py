@@ -1,0 +1,316 @@
+"""Kueue's queue as demand: a pending Workload's pod sets count for the pools they target
+before any pod exists, in the collector (watched) and in the live loop's scale-up estimate;
+once admitted and its pods run, they are counted once, as pods."""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Iterator
+from datetime import datetime
+from pathlib import Path
+from typing import Any
+
+import pandas as pd
+import pytest
+from fake_kube import FakeKube
+
+from predictor.telemetry.config import KubernetesSettings
+from predictor.telemetry.kubernetes import KubernetesSource
+from predictor.telemetry.kueue import queued_pod_sets, read_flavors
+from predictor.telemetry.sources import SourceError
+from predictor.telemetry.store import TelemetryStore
+from scaler.controller.config import LiveConfig
+from scaler.controller.reconcile import Reconciler
+from scaler.controller.system import LiveSystem
+from scaler.kube.kueue import queued_jobs
+
+POOL = "gpuscale.io/pool"
+MODEL = "nvidia.com/gpu.product"
+AT = pd.Timestamp("2026-01-01 00:00:00")
+NOW = datetime(2025, 3, 1, 12, 0, 0)
+FLAVORS = [
+    {"metadata": {"name": "a100-flavor"}, "spec": {"nodeLabels": {POOL: "a100"}}},
+    {
+        "metadata": {"name": "h100-flavor"},
+        "spec": {
+            "nodeLabels": {POOL: "h100"},
+            "tolerations": [{"key": "dedicated", "operator": "Exists", "effect": "NoSchedule"}],
+        },
+    },
+]
+
+
+def template(gpus: int, *, selector: dict[str, str] | None = None, share: int | None = None):
+    requests = {"cpu": "4", "memory": "16Gi", "nvidia.com/gpu": str(gpus)}
+    spec: dict[str, Any] = {
+        "containers": [{"name": "main", "image": "trainer:1", "resources": {"requests": requests}}]
+    }
+    if selector:
+        spec["nodeSelector"] = selector
+    meta = {"annotations": {"gpuscale.io/gpu-milli": str(share)}} if share else {}
+    return {"metadata": meta, "spec": spec}
+
+
+def workload(
+    name: str,
+    pod_sets: list[tuple[str, int, dict]],
+    *,
+    flavor: str | None = None,
+    conditions: tuple[str, ...] = (),
+    **spec: Any,
+) -> dict:
+    """A Workload of (name, count, template) pod sets; `flavor`: its quota is reserved on
+    that flavor (status.admission); `conditions`: those that hold."""
+    status: dict[str, Any] = {
+        "conditions": [{"type": c, "status": "True", "reason": c} for c in conditions]
+    }
+    if flavor is not None:
+        status["admission"] = {
+            "clusterQueue": "gpus",
+            "podSetAssignments": [
+                {"name": n, "flavors": {"nvidia.com/gpu": flavor, "cpu": "default"}, "count": c}
+                for n, c, _ in pod_sets
+            ],
+        }
+    return {
+        "metadata": {"name": name, "namespace": "ml"},
+        "spec": {
+            "queueName": "team-a",
+            "podSets": [{"name": n, "count": c, "template": t} for n, c, t in pod_sets],
+        }
+        | spec,
+        "status": status,
+    }
+
+
+def test_a_pending_workload_targets_its_flavors_pools_and_an_admitted_one_is_left_out() -> None:
+    flavors = read_flavors(FLAVORS)
+    reserved = workload("train", [("workers", 2, template(8))], flavor="a100-flavor")
+    (pod_set,) = queued_pod_sets(reserved, flavors)
+    assert (pod_set.workload, pod_set.name, pod_set.count, pod_set.gpus) == (
+        "ml/train",
+        "workers",
+        2,
+        16.0,
+    )
+    assert pod_set.pod.wanted_pool == "a100" and pod_set.pod.node_selector == ((POOL, "a100"),)
+    # Waiting for quota, no flavor yet: the pool its template selects, else any.
+    selected = workload("a", [("main", 1, template(4, selector={POOL: "h100"}))])
+    anywhere = workload("b", [("main", 3, template(1, share=250))])
+    assert queued_pod_sets(selected, flavors)[0].pod.wanted_pool == "h100"
+    (shared,) = queued_pod_sets(anywhere, flavors)
+    assert shared.pod.wanted_pool is None and shared.gpus == 0.75
+    # The flavor's taints are tolerated as Kueue makes the pods tolerate them.
+    on_h100 = workload("c", [("main", 1, template(8))], flavor="h100-flavor")
+    (tolerant,) = queued_pod_sets(on_h100, flavors)
+    assert [t.key for t in tolerant.pod.tolerations] == ["dedicated"]
+    for done in (
+        workload("d", [("main", 1, template(8))], flavor="a100-flavor", conditions=("Admitted",)),
+        workload("e", [("main", 1, template(8))], conditions=("Finished",)),
+        workload("f", [("main", 1, template(8))], active=False),
+    ):
+        assert queued_pod_sets(done, flavors) == ()
+
+
+def test_a_workload_is_one_gang_of_its_pods_jobs() -> None:
+    from predictor.telemetry.kube_objects import KUBE_NAMES
+
+    pending = workload(
+        "llm",
+        [("launcher", 1, template(1)), ("workers", 2, template(8))],
+        flavor="a100-flavor",
+    )
+    pending["spec"]["podSets"][1]["topologyRequest"] = {
+        "required": "cloud.provider.com/topology-rack"
+    }
+    jobs = queued_jobs(queued_pod_sets(pending, read_flavors(FLAVORS)), KUBE_NAMES)
+    assert [(j.id, j.num_gpu, j.gang) for j in jobs] == [
+        ("ml/llm/launcher-0", 1, "ml/llm"),
+        ("ml/llm/workers-0", 8, "ml/llm"),
+        ("ml/llm/workers-1", 8, "ml/llm"),
+    ]
+    assert jobs[1].topology_key == "cloud.provider.com/topology-rack" and jobs[1].topology_required
+
+
+# ---- the collector ------------------------------------------------------------------------
+
+
+def node(name: str, pool: str, gpus: int = 8, provider_id: str | None = None) -> dict:
+    return {
+        "metadata": {"name": name, "labels": {POOL: pool, MODEL: "A100"}},
+        "spec": {"providerID": provider_id} if provider_id else {},
+        "status": {
+            "allocatable": {"nvidia.com/gpu": str(gpus), "cpu": "96", "memory": "1Ti"},
+            "conditions": [{"type": "Ready", "status": "True"}],
+        },
+    }
+
+
+def running_pod(name: str, node_name: str, gpus: int) -> dict:
+    requests = {"cpu": "4", "memory": "16Gi", "nvidia.com/gpu": str(gpus)}
+    return {
+        "metadata": {"name": name, "namespace": "ml"},
+        "spec": {
+            "nodeName": node_name,
+            "containers": [{"name": "main", "image": "t", "resources": {"requests": requests}}],
+        },
+        "status": {"phase": "Running"},
+    }
+
+
+@pytest.fixture
+def kueue_cluster(fake: FakeKube, tmp_path: Path) -> Iterator[KubernetesSettings]:
+    fake.create("nodes", node("a100-1", "a100"))
+    fake.create("pods", running_pod("serve", "a100-1", 8))
+    for flavor in FLAVORS:
+        fake.create("resourceflavors", flavor)
+    yield KubernetesSettings(
+        kubeconfig=fake.write_kubeconfig(tmp_path / "kubeconfig"),
+        kueue=True,
+        watch_timeout_s=30,
+        request_timeout_s=5,
+    )
+
+
+def demand_of(source: KubernetesSource) -> dict[str, dict[str, float]]:
+    return {
+        batch.metric: dict(zip(batch.points["unique_id"], batch.points["y"], strict=True))
+        for batch in source.sample(AT)
+    }
+
+
+def admit_and_run(fake: FakeKube, name: str, nodes: list[str]) -> None:
+    """Kueue admits the Workload, the job's pods are made and start."""
+    current = fake.get("workloads", name, "ml")
+    conditions = [*current["status"]["conditions"], {"type": "Admitted", "status": "True"}]
+    fake.patch("workloads", name, {"status": {"conditions": conditions}}, "ml")
+    for i, node_name in enumerate(nodes):
+        fake.create("pods", running_pod(f"{name}-workers-{i}", node_name, 8))
+
+
+def test_the_collector_counts_the_queue_once(fake: FakeKube, kueue_cluster) -> None:
+    source = KubernetesSource(kueue_cluster)
+    try:
+        before = demand_of(source)
+        assert before["pending"] == {"a100": 0.0} and before["queued"] == {"a100": 0.0}
+        fake.create(
+            "workloads", workload("train", [("workers", 2, template(8))], flavor="a100-flavor")
+        )
+        got = demand_of(source)
+        assert got["pending"] == {"a100": 16.0} and got["queued"] == {"a100": 16.0}
+        assert got["gpu_demand"] == {"a100": 24.0} and got["running"] == {"a100": 8.0}
+
+        fake.create("nodes", node("a100-2", "a100"))
+        fake.create("nodes", node("a100-3", "a100"))
+        admit_and_run(fake, "train", ["a100-2", "a100-3"])
+        after = demand_of(source)
+        assert after["queued"] == {"a100": 0.0} and after["pending"] == {"a100": 0.0}
+        assert after["running"] == {"a100": 24.0} and after["gpu_demand"] == {"a100": 24.0}
+    finally:
+        source.close()
+
+
+def test_the_collector_watches_the_queue(fake: FakeKube, kueue_cluster) -> None:
+    source = KubernetesSource(kueue_cluster)
+    source.start()
+
+    def queued() -> dict[str, float]:
+        try:
+            return demand_of(source)["queued"]
+        except SourceError:
+            return {}
+
+    def wait(want: dict[str, float]) -> None:
+        deadline = time.monotonic() + 10
+        while queued() != want:
+            assert time.monotonic() < deadline, f"queued {queued()}, wanted {want}"
+            time.sleep(0.05)
+
+    try:
+        wait({"a100": 0.0})
+        listed = fake.list_requests("workloads")
+        fake.create("workloads", workload("a", [("main", 1, template(4, selector={POOL: "h100"}))]))
+        wait({"a100": 0.0, "h100": 4.0})
+        fake.create(
+            "resourceflavors", {"metadata": {"name": "b"}, "spec": {"nodeLabels": {POOL: "b200"}}}
+        )
+        fake.create("workloads", workload("b", [("main", 2, template(8))], flavor="b"))
+        wait({"a100": 0.0, "h100": 4.0, "b200": 16.0})
+        fake.patch("workloads", "a", {"spec": {"active": False}}, "ml")  # deactivated
+        wait({"a100": 0.0, "b200": 16.0})
+        assert fake.list_requests("workloads") == listed  # watched, not polled
+        assert fake.watch_requests("workloads") >= 1 and fake.watch_requests("resourceflavors") >= 1
+    finally:
+        source.close()
+
+
+# ---- the live loop ------------------------------------------------------------------------
+
+
+def test_a_pending_workload_scales_the_live_loop_up_before_any_pod_exists(
+    tmp_path: Path, fake: FakeKube
+) -> None:
+    """The forecast sees one node's worth; a Workload of 2 x 8 GPUs waits on the a100
+    flavor with no pod yet: its gang needs two more nodes, the loop adds them. Once
+    admitted, its pods run there and are counted once: no more nodes."""
+    cfg = LiveConfig(
+        state_dir=tmp_path / "state",
+        pools=[
+            {
+                "name": "a100",
+                "gpu_model": "A100",
+                "gpus_per_node": 8,
+                "cpu_milli_per_node": 96_000,
+                "memory_mib_per_node": 1_048_576,
+                "price_per_hour": 32.0,
+                "boot_seconds": 0,
+                "min_size": 1,
+                "max_size": 10,
+            }
+        ],
+        provider={"kind": "simulated", "simulated": {"initial_sizes": {"a100": 1}}},
+        kubernetes={"host": fake.url, "pre_position": "none", "kueue": True},
+        model={"name": "persistence"},
+        policy={
+            "mode": "predictive",
+            "step_seconds": 60.0,
+            "drop_hold_steps": 0,
+            "min_scores": 10_000,
+            "calibration_window": 10_000,
+        },
+        lease={"enabled": False},
+    )
+    ds = pd.date_range(end=NOW, periods=6, freq="60s")
+    TelemetryStore(cfg.state_dir).append(pd.DataFrame({"unique_id": "a100", "ds": ds, "y": 8.0}))
+    loop = Reconciler(LiveSystem.build(cfg), clock=lambda: NOW)
+    (group,) = loop.system.provider.node_groups()
+    (first,) = [n.name for n in group.nodes()]
+    fake.create("nodes", node(first, "a100", provider_id=f"sim:///{first}"))
+    fake.create("pods", running_pod("serve", first, 8))
+    for flavor in FLAVORS:
+        fake.create("resourceflavors", flavor)
+    assert loop.iterate(apply=False).decision.desired == {"a100": 1}
+
+    fake.create("workloads", workload("train", [("workers", 2, template(8))], flavor="a100-flavor"))
+    assert [p for p in fake.objects("pods") if p["metadata"]["name"].startswith("train")] == []
+    outcome = loop.iterate(apply=True)
+    d = outcome.decision
+    assert d.plan.desired == {"a100": 1}  # the forecast alone would not grow
+    assert d.reactive is not None and (d.reactive.pending, d.reactive.queued) == (0, 2)
+    assert d.fleet.cluster is not None and d.fleet.cluster.queued_gpus == {"a100": 16.0}
+    assert d.fleet.used_gpus == {"a100": 24.0}
+    assert d.reactive.floor == {"a100": 3} and d.desired == {"a100": 3}
+    assert [(a["action"], a["result"]) for a in outcome.actions] == [
+        ("set_target", "target 1 -> 3")
+    ]
+
+    # Kueue admits it; its pods start on the two new nodes: counted once, as pods.
+    new = sorted(n.name for n in group.nodes() if n.name != first)
+    for name in new:
+        fake.create("nodes", node(name, "a100", provider_id=f"sim:///{name}"))
+    admit_and_run(fake, "train", new)
+    after = loop.iterate(apply=True)
+    d = after.decision
+    assert d.reactive is not None and (d.reactive.pending, d.reactive.queued) == (0, 0)
+    assert d.fleet.used_gpus == {"a100": 24.0}
+    assert after.actions == [] and group.target_size() == 3
