@@ -174,6 +174,9 @@ def test_a_dry_run_of_the_loop_changes_nothing(tmp_path: Path, fake: FakeKube) -
     for _ in range(2):
         out = scale(config, "--once")
         assert out["plan"]["capacity_buffers"][0]["replicas"] == 3
+    shown = CliRunner().invoke(scale_app(), ["scale", "--config", str(config), "--once"])
+    assert shown.exit_code == 0, shown.output
+    assert "capacity buffer a100: 3 x 8 GPUs" in shown.output
     assert writes(fake) == []
     assert fake.objects("capacitybuffers") == [] and fake.objects("leases") == []
 

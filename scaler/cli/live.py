@@ -298,8 +298,12 @@ def _report(outcome: PassOutcome, as_json: bool) -> None:
         console.print(f"[yellow]telemetry[/]: {problem}")
     for r in d.removals:
         console.print(f"remove {r.pool}/{r.cloud_name} ({r.kube_name or 'not registered'})")
+    for r in d.left_to_autoscaler:
+        console.print(f"left to the node autoscaler {r.pool}/{r.cloud_name}")
     for p in d.placeholders:
         console.print(f"placeholders {p.pool}: {p.count} x {p.gpus} GPUs")
+    for b in d.buffers:
+        console.print(f"capacity buffer {b.pool}: {b.replicas} x {b.unit.gpus} GPUs ({b.reason})")
     for a in outcome.actions:
         console.print(f"{a['action']} {a['node']}: {a['status']} ({a['result']})")
     for e in outcome.errors:
