@@ -153,6 +153,14 @@ def test_matched_view_finds_the_cheapest_and_the_least_waiting_baseline() -> Non
     assert strict["cheapest_no_more_wait"] is None
     assert strict["least_wait_no_more_cost"] == "headroom 2"
     assert strict["wait_reduction"] == pytest.approx(1.0)
+    # Along the baselines' frontier, linear between settings, None beyond them.
+    assert tight["envelope_gpu_hours"] is None  # waits less than any baseline
+    assert tight["envelope_gpu_minutes_waited"] == pytest.approx(360.0)  # h1 to h2 at 112
+    assert tight["envelope_wait_reduction"] == pytest.approx(1 - 150 / 360)
+    assert loose["envelope_gpu_hours"] == pytest.approx(100 + 10 * 500 / 600)
+    assert loose["envelope_saving"] == pytest.approx(1 - 108 / (100 + 10 * 500 / 600))
+    assert loose["envelope_wait_reduction"] == pytest.approx(1 - 500 / 520)
+    assert strict["envelope_gpu_hours"] is strict["envelope_gpu_minutes_waited"] is None
     dominated = matched_view([row("headroom", 1, 90.0, 10.0), row("predictive", 0.5, 100.0, 20.0)])
     assert dominated[0]["dominated_by"] == ["headroom 1"]
     assert dominated[0]["gpu_hours_saving"] == pytest.approx(1 - 100 / 90)

@@ -671,6 +671,8 @@ MATCHED_COLUMNS = {  # matched-view field -> column label
     "least_wait_gpu_minutes_waited": "its GPU-min waited",
     "wait_reduction": "wait cut",
     "dominated_by": "beaten on both by",
+    "envelope_saving": "GPU-h saved, frontier",
+    "envelope_wait_reduction": "wait cut, frontier",
 }
 
 
@@ -682,7 +684,12 @@ def _print_matched(console: Console, matched: list[dict[str, object]]) -> None:
         table.add_column(label, no_wrap=i == 0)
     for row in matched:
         cells = {**row, "dominated_by": ", ".join(row["dominated_by"]) or "-"}  # type: ignore[arg-type]
-        for field in ("gpu_hours_saving", "wait_reduction"):
+        for field in (
+            "gpu_hours_saving",
+            "wait_reduction",
+            "envelope_saving",
+            "envelope_wait_reduction",
+        ):
             value = row[field]
             cells[field] = "-" if value is None else f"{value:+.1%}"
         table.add_row(*(_cell(cells[c]) for c in MATCHED_COLUMNS))

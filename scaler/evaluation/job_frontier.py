@@ -227,19 +227,48 @@ def _least_waiting(baselines: Sequence[Row], gpu_hours: float) -> Row | None:
     return min(within, key=lambda r: (r["gpu_minutes_waited"], r["gpu_hours"]), default=None)
 
 
+def _envelope(baselines: Sequence[Row]) -> tuple[np.ndarray, np.ndarray]:
+    """The baselines' cost/wait frontier: GPU-hours ascending, each row waiting less than
+    every cheaper one (GPU-hours, GPU-minutes waited)."""
+    hours: list[float] = []
+    waited: list[float] = []
+    for r in sorted(baselines, key=lambda r: (r["gpu_hours"], r["gpu_minutes_waited"])):
+        if not waited or float(r["gpu_minutes_waited"]) < waited[-1]:
+            hours.append(float(r["gpu_hours"]))
+            waited.append(float(r["gpu_minutes_waited"]))
+    return np.asarray(hours), np.asarray(waited)
+
+
+def _between(x: float, xs: np.ndarray, ys: np.ndarray) -> float | None:
+    """ys at x, linear between the points (xs ascending); None outside them."""
+    if not xs.size or not xs[0] <= x <= xs[-1]:
+        return None
+    return float(np.interp(x, xs, ys))
+
+
 def matched_view(rows: Sequence[Row]) -> list[Row]:
     """Per predictive row: the cheapest baseline with no more GPU-minutes waited and the
     GPU-hours saving against it (1 - ours / its), the least-waiting baseline with no more
     GPU-hours and the wait reduction against it (1 - ours / its GPU-minutes waited), and
     the baselines that beat it on both at once (`dominated_by`). None where no baseline
-    qualifies (and a reduction against a baseline that waited nothing)."""
+    qualifies (and a reduction against a baseline that waited nothing).
+
+    A single match jumps between settings (a row a hair dearer than `headroom 1` is
+    matched, for its wait, with `reactive`), so the `envelope_*` fields read the baselines'
+    frontier between its settings instead, linearly: its GPU-hours at our GPU-minutes
+    waited and its GPU-minutes waited at our GPU-hours, with the saving and the reduction
+    against those; None beyond the settings swept (a row dearer than every baseline is
+    not compared with a buffer larger than the largest tried)."""
     baselines = [r for r in rows if r["mode"] in BASELINES]
+    front_hours, front_waited = _envelope(baselines)
     out = []
     for ours in (r for r in rows if r["mode"] == "predictive"):
         hours, waited = float(ours["gpu_hours"]), float(ours["gpu_minutes_waited"])
         cheapest = _cheapest(baselines, waited)
         least = _least_waiting(baselines, hours)
         least_waited = None if least is None else float(least["gpu_minutes_waited"])
+        same_wait = _between(waited, front_waited[::-1], front_hours[::-1])
+        same_cost = _between(hours, front_hours, front_waited)
         out.append(
             {
                 "knob": ours["knob"],
@@ -259,6 +288,10 @@ def matched_view(rows: Sequence[Row]) -> list[Row]:
                     for b in baselines
                     if b["gpu_hours"] < hours and b["gpu_minutes_waited"] < waited
                 ],
+                "envelope_gpu_hours": same_wait,
+                "envelope_saving": None if not same_wait else 1 - hours / same_wait,
+                "envelope_gpu_minutes_waited": same_cost,
+                "envelope_wait_reduction": None if not same_cost else 1 - waited / same_cost,
             }
         )
     return out
