@@ -5,6 +5,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
+import numpy as np
 import pandas as pd
 import pytest
 
@@ -160,3 +161,17 @@ def test_cli_adds_the_bound_rows(traces_dir: Path, tmp_path: Path) -> None:
     ours = next(r for r in rows if r["policy"] == "gpuscale")
     assert ours["alloc_at_130"] <= bound[0]["alloc_at_130"]
     assert "of the distance from ours FGD to the bound at 130%" in result.output
+
+
+def test_the_lp_rounded_start_is_feasible() -> None:
+    from scaler.evaluation.placement_bound import _Model, node_types, pod_types
+
+    state = cluster((8000, 64, 2, "T4"), (4000, 64, 4, "A100"))
+    jobs = pods(3, 1000, 1, 600) + pods(4, 700, 1, 300) + pods(2, 1500, 2, 1000, "A100")
+    model = _Model(node_types(state), pod_types(jobs))
+    # Any LP point (here: every column at its upper bound) rounds to a feasible one.
+    start = model.rounded(np.array(model.upper))
+    assert start is not None
+    for cols, vals, rhs in model.rows:
+        assert np.dot(vals, start[cols]) <= rhs + 1e-6
+    assert (start[model.integer] == np.round(start[model.integer])).all()

@@ -50,6 +50,7 @@ from scaler.cluster.snapshot import ClusterState
 from scaler.evaluation.placement_bench import INFLATION_RATIO, arrival_order, jobs_from_pods
 
 if TYPE_CHECKING:
+    import highspy
     import pandas as pd
 
 TIME_LIMIT_S = 60.0
@@ -351,11 +352,38 @@ class _Model:
             )
 
     def solve(self, time_limit_s: float) -> tuple[float, float, str]:
-        """(incumbent, dual bound, HiGHS model status) in GPU thousandths."""
+        """(incumbent, dual bound, HiGHS model status) in GPU thousandths. The LP
+        relaxation is solved first and rounded down to a feasible start, so a solve cut
+        short by its time limit still reports an incumbent near the bound."""
         import highspy
 
         if not self.cost:
             return 0.0, 0.0, "empty"
+        began = time.perf_counter()
+        lp = self._highs(time_limit_s, integer=False)
+        lp.run()
+        start = None
+        if lp.getInfo().primal_solution_status:
+            start = self.rounded(np.array(lp.getSolution().col_value))
+        h = self._highs(max(1.0, time_limit_s - (time.perf_counter() - began)), integer=True)
+        if start is not None:
+            solution = highspy.HighsSolution()
+            solution.col_value = start.tolist()
+            h.setSolution(solution)
+        h.run()
+        info = h.getInfo()
+        status = h.modelStatusToString(h.getModelStatus())
+        best = float(info.objective_function_value) if info.primal_solution_status else 0.0
+        if start is not None:
+            best = max(best, float(np.dot(self.cost, start)))
+        bound = float(info.mip_dual_bound)
+        if not math.isfinite(bound):  # nothing proven in time: the trivial bound, all placed
+            bound = float(np.dot(self.upper, self.cost))
+        return best, max(bound, best), status
+
+    def _highs(self, time_limit_s: float, integer: bool) -> highspy.Highs:
+        import highspy
+
         h = highspy.Highs()
         h.setOptionValue("output_flag", False)
         h.setOptionValue("time_limit", float(time_limit_s))
@@ -364,11 +392,12 @@ class _Model:
         n = len(self.cost)
         h.addVars(n, np.array(self.lower), np.array(self.upper))
         h.changeColsCost(n, np.arange(n, dtype=np.int32), np.array(self.cost))
-        h.changeColsIntegrality(
-            len(self.integer),
-            np.array(self.integer, dtype=np.int32),
-            np.full(len(self.integer), highspy.HighsVarType.kInteger.value, dtype=np.uint8),
-        )
+        if integer:
+            h.changeColsIntegrality(
+                len(self.integer),
+                np.array(self.integer, dtype=np.int32),
+                np.full(len(self.integer), highspy.HighsVarType.kInteger.value, dtype=np.uint8),
+            )
         starts, indices, values, upper = [], [], [], []
         for cols, vals, rhs in self.rows:
             starts.append(len(indices))
@@ -385,14 +414,38 @@ class _Model:
             np.array(values, dtype=np.float64),
         )
         h.changeObjectiveSense(highspy.ObjSense.kMaximize)
-        h.run()
-        info = h.getInfo()
-        status = h.modelStatusToString(h.getModelStatus())
-        best = float(info.objective_function_value) if info.primal_solution_status else 0.0
-        bound = float(info.mip_dual_bound)
-        if not math.isfinite(bound):  # no bound proven in time: the LP relaxation's sum
-            bound = float(sum(u * c for u, c in zip(self.upper, self.cost, strict=True)))
-        return best, max(bound, best), status
+        return h
+
+    def rounded(self, relaxed: np.ndarray) -> np.ndarray | None:
+        """A feasible point below an LP solution: integer columns rounded down, then in
+        each row still over its right-hand side the continuous columns with positive
+        coefficients (the pattern counts) scaled down, then the integer ones (pods, which
+        only ever have positive coefficients) reduced until it holds; None if a row is
+        still over after that."""
+        value = np.clip(relaxed, 0.0, np.array(self.upper))
+        integer = np.zeros(value.size, dtype=bool)
+        integer[self.integer] = True
+        value[integer] = np.floor(value[integer] + 1e-6)
+        for continuous_pass in (True, False):
+            for cols, vals, rhs in self.rows:
+                excess = float(np.dot(vals, value[cols])) - rhs
+                if excess <= 1e-7:
+                    continue
+                for c, v in sorted(zip(cols, vals, strict=True), key=lambda cv: -cv[1]):
+                    if v <= 0 or integer[c] == continuous_pass or value[c] <= 0:
+                        continue
+                    if continuous_pass:
+                        cut = min(value[c], excess / v)
+                    else:
+                        cut = min(value[c], math.ceil(excess / v - 1e-9))
+                    value[c] -= cut
+                    excess -= cut * v
+                    if excess <= 1e-7:
+                        break
+        for cols, vals, rhs in self.rows:
+            if float(np.dot(vals, value[cols])) > rhs + 1e-6:
+                return None
+        return value
 
 
 def run_bounds(
