@@ -56,6 +56,7 @@ def render(
     values: dict[str, Any] | None = None,
     *,
     release: str = RELEASE,
+    namespace: str = NAMESPACE,
     api_versions: Iterable[str] = (),
 ) -> dict[str, str]:
     """Template path -> rendered text, as `helm template RELEASE deploy/helm/gpuscale -n
@@ -64,7 +65,7 @@ def render(
     against values.schema.json."""
     options = {
         "name": release,
-        "namespace": NAMESPACE,
+        "namespace": namespace,
         "kube_version": f"v{KUBE_VERSION}",
         "api_versions": list(api_versions),
     }
@@ -118,15 +119,6 @@ SETUPS = {
         (MONITORING, CAPACITY_BUFFER, WORKLOAD),
     ),
 }
-# The setups scaler/controller/config.py reads today (the others wait for their fields).
-LOADED = (
-    "nodegroups",
-    "nodegroups-no-preposition",
-    "autoscaler-placeholders",
-    "capacity-buffer",
-    "karpenter",
-    "capacity-buffer-kueue",
-)
 
 
 @cache
@@ -315,6 +307,34 @@ def test_config_map_loads_and_the_token_comes_from_the_secret(
     assert "token" in by_kind(docs, "Secret")[secret]["stringData"]
 
 
+# What each setup's live.yaml tells the code: provider kind, pre-positioning, Kueue demand.
+READS = {
+    "nodegroups": ("aws", "placeholders", False),
+    "nodegroups-no-preposition": ("aws", "none", False),
+    "autoscaler-placeholders": ("autoscaler", "placeholders", False),
+    "capacity-buffer": ("autoscaler", "capacity-buffer", False),
+    "karpenter": ("karpenter", "placeholders", False),
+    "capacity-buffer-kueue": ("autoscaler", "capacity-buffer", True),
+}
+
+
+@pytest.mark.parametrize("setup", sorted(SETUPS))
+def test_each_setup_configures_the_code_as_its_values_say(setup: str, tmp_path: Path) -> None:
+    from predictor.telemetry.config import load_config
+
+    live = live_config(setup_docs(setup), tmp_path)
+    collector = load_config(tmp_path / "collector.yaml").kubernetes
+    assert live.kubernetes is not None and collector is not None
+    kind, pre_position, kueue = READS[setup]
+    assert (live.provider.kind, live.kubernetes.pre_position) == (kind, pre_position)
+    assert live.kubernetes.kueue is collector.kueue is kueue
+    if kind == "karpenter":
+        assert live.provider.karpenter is not None
+        assert [(b.pool, b.node_pool) for b in live.provider.karpenter.node_pools] == [
+            ("a100", "gpu")
+        ]
+
+
 def test_the_cluster_naming_reaches_the_scaler_and_its_collector(tmp_path: Path) -> None:
     from predictor.telemetry.config import load_config
 
@@ -327,18 +347,26 @@ def test_the_cluster_naming_reaches_the_scaler_and_its_collector(tmp_path: Path)
     assert live.kubernetes.placeholders.node_pool_label == "karpenter.sh/nodepool"
 
 
-def test_another_release_names_its_objects_and_config_after_itself(tmp_path: Path) -> None:
-    docs = manifests({"serviceToken": "s3cret"}, release="prod")
+def test_another_release_and_namespace_name_its_objects_and_config(tmp_path: Path) -> None:
+    setup = SETUPS["capacity-buffer"]
+    docs = manifests(
+        setup.values, release="prod", namespace="ml-infra", api_versions=setup.api_versions
+    )
     names = {d["metadata"]["name"] for d in docs}
-    assert {"prod-gpuscale-scaler", "prod-gpuscale-placeholder", "prod-gpuscale-config"} <= names
+    assert {"prod-gpuscale-scaler", "prod-gpuscale-config", "prod-gpuscale-token"} <= names
+    assert {d["metadata"].get("namespace", "ml-infra") for d in docs} == {"ml-infra"}
     data = by_kind(docs, "ConfigMap")["prod-gpuscale-config"]["data"]
     (tmp_path / "live.yaml").write_text(data["live.yaml"])
     live = load_live_config(tmp_path / "live.yaml")
-    assert live.lease.name == "prod-gpuscale-scaler"
+    assert (live.lease.name, live.lease.namespace) == ("prod-gpuscale-scaler", "ml-infra")
     assert live.kubernetes is not None
     assert live.kubernetes.placeholders.priority_class == "prod-gpuscale-placeholder"
+    assert live.kubernetes.placeholders.namespace == "ml-infra"
+    assert live.kubernetes.capacity_buffers.namespace == "ml-infra"
     binding = by_kind(docs, "RoleBinding")["prod-gpuscale-scaler"]
-    assert binding["subjects"][0]["name"] == "prod-gpuscale-scaler"
+    assert binding["subjects"] == [
+        {"kind": "ServiceAccount", "name": "prod-gpuscale-scaler", "namespace": "ml-infra"}
+    ]
 
 
 # ------------------------------------------------------------------ RBAC against the code
@@ -445,7 +473,7 @@ def test_every_kubernetes_call_in_the_code_is_in_the_permission_table() -> None:
     assert set(RUNS_ONLY_WHEN) <= owned
 
 
-@pytest.mark.parametrize("setup", LOADED)
+@pytest.mark.parametrize("setup", sorted(SETUPS))
 @pytest.mark.parametrize("component", sorted(COMPONENT_MODULES))
 def test_rbac_grants_exactly_what_the_code_calls(
     setup: str, component: str, tmp_path: Path
