@@ -47,14 +47,12 @@ class BufferRule:
 
 
 # The family replayed: what teams tune by hand (BENCHMARKS.md `headroom` and `rolling-max`,
-# on a finer grid), and the forecast with a few spare nodes. The rule followed while the
-# history is too short to tune on is a cautious one: a day's peak plus a node.
+# on a finer grid), and the forecast with a few spare nodes.
 RULES: tuple[BufferRule, ...] = (
     *(BufferRule("headroom", k) for k in range(33)),
     *(BufferRule("rolling-max", b, w) for w in (2, 3, 4, 6, 9, 12, 18, 24, 36) for b in range(21)),
     *(BufferRule("forecast", b) for b in range(11)),
 )
-CAUTIOUS = RULES.index(BufferRule("rolling-max", 1, 36))
 
 
 @dataclass(frozen=True, slots=True)

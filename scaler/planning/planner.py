@@ -36,7 +36,6 @@ from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from scaler.cluster.pools import NodePool
 from scaler.planning.buffer_tuning import (
-    CAUTIOUS,
     RULES,
     RuleRecord,
     cheapest_within,
@@ -88,8 +87,8 @@ class PlannerPolicy(BaseModel):
     tuning_min_steps: int = Field(
         default=144,
         ge=1,
-        description="steps of history before the spare capacity is tuned on it (until then: "
-        "the forecast bound, or a day's peak plus a node once that is known)",
+        description="steps of history before the spare capacity is tuned on it (until then "
+        "the forecast bound sizes the group)",
     )
     retune_steps: int = Field(default=6, ge=1, description="steps between two tunings")
     min_scores: int = Field(default=30, ge=1)
@@ -201,7 +200,7 @@ class GroupMemory:
     # and the forecast bound issued then; the rule followed and how it had done.
     observed_nodes: np.ndarray = field(default_factory=lambda: np.empty(0))
     bound_nodes: np.ndarray = field(default_factory=lambda: np.empty(0))
-    rule: int = CAUTIOUS
+    rule: int = 0  # index into buffer_tuning.RULES; set at the first tuning
     tuned: RuleRecord | None = None
     tuned_step: int = -(10**9)
 
