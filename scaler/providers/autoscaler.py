@@ -21,6 +21,7 @@ from predictor.telemetry.kube_objects import KUBE_NAMES, KubeNames, read_node
 from scaler.cluster.pools import NodePool
 from scaler.kube.errors import KubeError, kube_call
 from scaler.providers.base import Node, NodeStatus, ProviderError, kube_time
+from scaler.providers.pool_group import PoolGroup
 
 
 class AutoscaledCloud:
@@ -41,7 +42,7 @@ class AutoscaledCloud:
 
     def node_group_for(self, node_name: str) -> AutoscaledGroup | None:
         for group in self._groups.values():
-            if any(n.name == node_name for n in group.nodes()):
+            if group._holds(node_name):
                 return group
         return None
 
@@ -72,21 +73,12 @@ class AutoscaledCloud:
             group._nodes = sorted(found[name], key=lambda n: n.name)
 
 
-class AutoscaledGroup:
+class AutoscaledGroup(PoolGroup):
     """One pool the node autoscaler sizes (a `NodeGroup` that only reports)."""
 
     def __init__(self, pool: NodePool) -> None:
-        self._pool = pool
+        super().__init__(pool)
         self._nodes: list[Node] = []
-
-    def id(self) -> str:
-        return self._pool.name
-
-    def min_size(self) -> int:
-        return self._pool.min_size
-
-    def max_size(self) -> int:
-        return self._pool.max_size
 
     def target_size(self) -> int:
         return len(self._nodes)
@@ -100,5 +92,5 @@ class AutoscaledGroup:
     def nodes(self) -> list[Node]:
         return list(self._nodes)
 
-    def template(self) -> NodePool:
-        return self._pool
+    def _holds(self, name: str) -> bool:
+        return any(n.name == name for n in self._nodes)

@@ -36,6 +36,7 @@ from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from scaler.cluster.pools import NodePool
 from scaler.providers.base import Node, NodeStatus, ProviderError
+from scaler.providers.pool_group import CloudStateGroup
 
 T = TypeVar("T")
 
@@ -333,19 +334,15 @@ class AwsCloud:
         )
 
 
-class AwsNodeGroup:
+class AwsNodeGroup(CloudStateGroup[_GroupState]):
     """One pool backed by an Auto Scaling group or an EKS managed node group (a `NodeGroup`).
 
     Its bounds are the tighter of the pool's and the cloud's own."""
 
     def __init__(self, cloud: AwsCloud, pool: NodePool, binding: AwsPoolBinding) -> None:
+        super().__init__(pool)
         self._cloud = cloud
-        self._pool = pool
         self.binding = binding
-        self._state: _GroupState | None = None
-
-    def id(self) -> str:
-        return self._pool.name
 
     def min_size(self) -> int:
         return max(self._pool.min_size, self._current().min_size)
@@ -356,45 +353,15 @@ class AwsNodeGroup:
     def target_size(self) -> int:
         return self._current().desired
 
-    def increase_size(self, delta: int) -> None:
-        if delta <= 0:
-            raise ProviderError(f"{self.id()}: size increase must be positive, got {delta}")
-        self._reload()
-        target = self.target_size()
-        if target + delta > self.max_size():
-            raise ProviderError(
-                f"{self.id()}: size increase too large: {target} + {delta} "
-                f"exceeds max {self.max_size()}"
-            )
-        try:
-            self._cloud._set_desired(self, target + delta)
-        finally:
-            self._reload()
-
     def delete_nodes(self, names: Sequence[str]) -> None:
-        self._reload()
-        unknown = [n for n in names if self._instance(n) is None]
-        if unknown:
-            raise ProviderError(f"{self.id()}: not nodes of this group: {', '.join(unknown)}")
-        if len(set(names)) != len(names):
-            raise ProviderError(f"{self.id()}: a node is named twice")
-        target = self.target_size()
-        if target - len(names) < self.min_size():
-            raise ProviderError(
-                f"{self.id()}: deleting {len(names)} would go below min size {self.min_size()}"
-            )
+        target = self._shrunk_target(names)
         try:
-            for done, name in enumerate(names):
-                try:
-                    self._cloud._terminate(self.id(), name)
-                except ProviderError as exc:
-                    gone = ", ".join(names[:done]) or "none"
-                    raise ProviderError(f"{exc} (terminated before it: {gone})") from None
+            self._remove_each(names, lambda n: self._cloud._terminate(self.id(), n), "terminated")
             if self.binding.eks_nodegroup is not None:
                 # The Auto Scaling group already shrank; tell EKS the same number so its
                 # record agrees at once (an absolute size: nothing more is launched or
                 # terminated for it).
-                self._cloud._set_desired(self, target - len(names))
+                self._cloud._set_desired(self, target)
         finally:
             self._reload()
 
@@ -415,18 +382,15 @@ class AwsNodeGroup:
             for i in state.instances
         ]
 
-    def template(self) -> NodePool:
-        return self._pool
-
     # Internals used by the cloud ----------------------------------------------------------
-    def _current(self) -> _GroupState:
-        if self._state is None:
-            self._reload()
-        assert self._state is not None
-        return self._state
+    def _read(self) -> _GroupState:
+        return self._cloud._read([self])[self.id()]
 
-    def _reload(self) -> None:
-        self._state = self._cloud._read([self])[self.id()]
+    def _set_target(self, target: int) -> None:
+        self._cloud._set_desired(self, target)
+
+    def _holds(self, name: str) -> bool:
+        return self._instance(name) is not None
 
     def _instance(self, instance_id: str) -> _Instance | None:
         for instance in self._current().instances:

@@ -35,6 +35,7 @@ from pydantic import BaseModel, ConfigDict, Field, model_validator
 from scaler.cluster.pools import NodePool
 from scaler.kube.errors import KubeError, kube_call
 from scaler.providers.base import Node, NodeStatus, ProviderError, kube_time
+from scaler.providers.pool_group import CloudStateGroup
 
 GROUP = "karpenter.sh"
 VERSION = "v1"
@@ -186,20 +187,13 @@ class KarpenterCloud:
         )
 
 
-class KarpenterNodeGroup:
+class KarpenterNodeGroup(CloudStateGroup[_PoolState]):
     """One pool backed by a static NodePool (a `NodeGroup`)."""
 
     def __init__(self, cloud: KarpenterCloud, pool: NodePool, node_pool: str) -> None:
+        super().__init__(pool)
         self._cloud = cloud
-        self._pool = pool
         self.node_pool = node_pool
-        self._state: _PoolState | None = None
-
-    def id(self) -> str:
-        return self._pool.name
-
-    def min_size(self) -> int:
-        return self._pool.min_size
 
     def max_size(self) -> int:
         limit = self._current().node_limit
@@ -208,43 +202,18 @@ class KarpenterNodeGroup:
     def target_size(self) -> int:
         return self._current().replicas
 
-    def increase_size(self, delta: int) -> None:
-        if delta <= 0:
-            raise ProviderError(f"{self.id()}: size increase must be positive, got {delta}")
-        self._reload()
-        target = self.target_size()
-        if target + delta > self.max_size():
-            raise ProviderError(
-                f"{self.id()}: size increase too large: {target} + {delta} "
-                f"exceeds max {self.max_size()}"
-            )
-        try:
-            self._cloud._set_replicas(self, target + delta)
-        finally:
-            self._reload()
-
     def delete_nodes(self, names: Sequence[str]) -> None:
-        self._reload()
-        unknown = [n for n in names if self._claim(n) is None]
-        if unknown:
-            raise ProviderError(f"{self.id()}: not nodes of this group: {', '.join(unknown)}")
-        if len(set(names)) != len(names):
-            raise ProviderError(f"{self.id()}: a node is named twice")
-        target = self.target_size()
-        if target - len(names) < self.min_size():
-            raise ProviderError(
-                f"{self.id()}: deleting {len(names)} would go below min size {self.min_size()}"
-            )
-        claims = [self._claim(n) for n in names]
+        target = self._shrunk_target(names)
+        claims = {n: self._claim(n) for n in names}
+
+        def delete(node: str) -> None:
+            claim = claims[node]
+            assert claim is not None
+            self._cloud._delete_claim(self, claim.name)
+
         try:
-            for done, claim in enumerate(claims):
-                assert claim is not None
-                try:
-                    self._cloud._delete_claim(self, claim.name)
-                except ProviderError as exc:
-                    gone = ", ".join(names[:done]) or "none"
-                    raise ProviderError(f"{exc} (deleted before it: {gone})") from None
-            self._cloud._set_replicas(self, target - len(names))
+            self._remove_each(names, delete, "deleted")
+            self._cloud._set_replicas(self, target)
         finally:
             self._reload()
 
@@ -261,9 +230,6 @@ class KarpenterNodeGroup:
             for c in self._current().claims
         ]
 
-    def template(self) -> NodePool:
-        return self._pool
-
     # Internals used by the cloud ---------------------------------------------------------
     def _state_of(self, node_pool: Mapping[str, Any], claims: Sequence[_Claim]) -> _PoolState:
         replicas = (node_pool.get("spec") or {}).get("replicas")
@@ -274,14 +240,14 @@ class KarpenterNodeGroup:
             )
         return _PoolState(int(replicas), _node_limit(node_pool), tuple(claims))
 
-    def _current(self) -> _PoolState:
-        if self._state is None:
-            self._reload()
-        assert self._state is not None
-        return self._state
+    def _read(self) -> _PoolState:
+        return self._cloud._read(self)
 
-    def _reload(self) -> None:
-        self._state = self._cloud._read(self)
+    def _set_target(self, target: int) -> None:
+        self._cloud._set_replicas(self, target)
+
+    def _holds(self, name: str) -> bool:
+        return self._claim(name) is not None
 
     def _claim(self, node: str) -> _Claim | None:
         for claim in self._current().claims:

@@ -19,6 +19,7 @@ from pydantic import BaseModel, ConfigDict, Field
 
 from scaler.cluster.pools import NodePool
 from scaler.providers.base import Node, NodeStatus, ProviderError
+from scaler.providers.pool_group import PoolGroup
 
 EventKind = Literal["launched", "ready", "launch_failed", "no_capacity", "interrupted", "deleted"]
 
@@ -176,50 +177,26 @@ class SimulatedCloud:
         ]
 
 
-class SimulatedNodeGroup:
+class SimulatedNodeGroup(PoolGroup):
     """One pool of the simulated cloud (a `NodeGroup`)."""
 
     def __init__(self, cloud: SimulatedCloud, pool: NodePool) -> None:
+        super().__init__(pool)
         self._cloud = cloud
-        self._pool = pool
-
-    def id(self) -> str:
-        return self._pool.name
-
-    def min_size(self) -> int:
-        return self._pool.min_size
-
-    def max_size(self) -> int:
-        return self._pool.max_size
 
     def target_size(self) -> int:
         return len(self._cloud._instances[self._pool.name])
 
     def increase_size(self, delta: int) -> None:
-        if delta <= 0:
-            raise ProviderError(f"{self.id()}: size increase must be positive, got {delta}")
-        if self.target_size() + delta > self.max_size():
-            raise ProviderError(
-                f"{self.id()}: size increase too large: {self.target_size()} + {delta} "
-                f"exceeds max {self.max_size()}"
-            )
+        self._grown_target(delta)
         self._cloud._launch(self._pool, delta)
 
     def delete_nodes(self, names: Sequence[str]) -> None:
-        held = self._cloud._instances[self._pool.name]
-        unknown = [n for n in names if n not in held]
-        if unknown:
-            raise ProviderError(f"{self.id()}: not nodes of this group: {', '.join(unknown)}")
-        if len(set(names)) != len(names):
-            raise ProviderError(f"{self.id()}: a node is named twice")
-        if self.target_size() - len(names) < self.min_size():
-            raise ProviderError(
-                f"{self.id()}: deleting {len(names)} would go below min size {self.min_size()}"
-            )
+        self._shrunk_target(names)
         self._cloud._delete(self._pool.name, names)
 
     def nodes(self) -> list[Node]:
         return self._cloud._nodes(self._pool.name)
 
-    def template(self) -> NodePool:
-        return self._pool
+    def _holds(self, name: str) -> bool:
+        return name in self._cloud._instances[self._pool.name]

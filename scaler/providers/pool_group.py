@@ -1,0 +1,127 @@
+"""What every provider's node group shares: one pool behind it, and the provider contract's
+checks on size requests (scaler/providers/base.py), so each provider writes only how its
+cloud holds, grows and removes nodes.
+
+- `PoolGroup`: id, bounds and template are the pool's (a provider tightens the bounds by
+  overriding them), and `_grown_target`/`_shrunk_target` refuse a request the contract
+  forbids before anything changes.
+- `CloudStateGroup`: a group whose state is read from a cloud and kept until the next
+  read; it reads again right before checking a change (so the change is computed from the
+  cloud's current numbers) and after making it (so the group reports what it did).
+"""
+
+from __future__ import annotations
+
+from abc import ABC, abstractmethod
+from collections.abc import Callable, Sequence
+from typing import Generic, TypeVar
+
+from scaler.cluster.pools import NodePool
+from scaler.providers.base import ProviderError
+
+StateT = TypeVar("StateT")
+
+
+class PoolGroup(ABC):
+    """A node group backed by one pool."""
+
+    def __init__(self, pool: NodePool) -> None:
+        self._pool = pool
+
+    def id(self) -> str:
+        return self._pool.name
+
+    def min_size(self) -> int:
+        return self._pool.min_size
+
+    def max_size(self) -> int:
+        return self._pool.max_size
+
+    def template(self) -> NodePool:
+        return self._pool
+
+    @abstractmethod
+    def target_size(self) -> int: ...
+
+    @abstractmethod
+    def _holds(self, name: str) -> bool:
+        """Whether `name` is one of this group's nodes."""
+
+    def _fresh_target(self) -> int:
+        """The target to check a change against (a cached group reads the cloud first)."""
+        return self.target_size()
+
+    def _grown_target(self, delta: int) -> int:
+        """The target after growing by `delta`; raises `ProviderError` if the contract
+        forbids it."""
+        if delta <= 0:
+            raise ProviderError(f"{self.id()}: size increase must be positive, got {delta}")
+        target = self._fresh_target()
+        if target + delta > self.max_size():
+            raise ProviderError(
+                f"{self.id()}: size increase too large: {target} + {delta} "
+                f"exceeds max {self.max_size()}"
+            )
+        return target + delta
+
+    def _shrunk_target(self, names: Sequence[str]) -> int:
+        """The target after removing the named nodes; raises `ProviderError` if one is not
+        this group's, one is named twice, or the group would go below its min."""
+        target = self._fresh_target()
+        unknown = [n for n in names if not self._holds(n)]
+        if unknown:
+            raise ProviderError(f"{self.id()}: not nodes of this group: {', '.join(unknown)}")
+        if len(set(names)) != len(names):
+            raise ProviderError(f"{self.id()}: a node is named twice")
+        if target - len(names) < self.min_size():
+            raise ProviderError(
+                f"{self.id()}: deleting {len(names)} would go below min size {self.min_size()}"
+            )
+        return target - len(names)
+
+
+class CloudStateGroup(PoolGroup, Generic[StateT]):
+    """A pool group over state read from a cloud (`_read`), set to a new target by
+    `_set_target`."""
+
+    def __init__(self, pool: NodePool) -> None:
+        super().__init__(pool)
+        self._state: StateT | None = None
+
+    @abstractmethod
+    def _read(self) -> StateT:
+        """This group's state as the cloud holds it now."""
+
+    @abstractmethod
+    def _set_target(self, target: int) -> None:
+        """Ask the cloud for `target` nodes in this group."""
+
+    def increase_size(self, delta: int) -> None:
+        target = self._grown_target(delta)
+        try:
+            self._set_target(target)
+        finally:
+            self._reload()
+
+    def _fresh_target(self) -> int:
+        self._reload()
+        return self.target_size()
+
+    def _remove_each(self, names: Sequence[str], remove: Callable[[str], None], done: str) -> None:
+        """Remove the named nodes one by one; a failure says which went before it (`done`:
+        the cloud's word for removed, "terminated" or "deleted")."""
+        for count, name in enumerate(names):
+            try:
+                remove(name)
+            except ProviderError as exc:
+                gone = ", ".join(names[:count]) or "none"
+                raise ProviderError(f"{exc} ({done} before it: {gone})") from None
+
+    def _current(self) -> StateT:
+        if self._state is None:
+            self._reload()
+        assert self._state is not None
+        return self._state
+
+    def _reload(self) -> None:
+        self._state = self._read()
