@@ -23,6 +23,7 @@ from scaler.controller.journal import DecisionJournal
 from scaler.controller.reconcile import (
     PlannerState,
     Reconciler,
+    SpareRoom,
     choose_removals,
     hold_scale_downs,
     placeholder_demand,
@@ -261,19 +262,18 @@ def test_placeholders_pack_the_job_mix_onto_the_room_the_plan_provides() -> None
     )
 
     def demand(mix: list[Job], gpus_each: int | None = None, **kw: Any) -> list[PlaceholderDemand]:
-        return placeholder_demand(
+        spare = SpareRoom(
             fleet,
-            [a100],
             {"a100": 5},
             removed=frozenset(),
             estimate=None,
             mix=mix,
             policy=make_policy("bestfit"),
-            settings=PlaceholderSettings(),
             names=KUBE_NAMES,
             gpus_each=gpus_each,
             **kw,
         )
+        return placeholder_demand(spare, [a100], PlaceholderSettings())
 
     # Whole-node placeholders fit only the new nodes: 33 free GPUs, but no 8 together on
     # n1 or n2 (a GPU sum divided by 8 would ask for 4 and one could never be scheduled).
@@ -290,16 +290,18 @@ def test_placeholders_pack_the_job_mix_onto_the_room_the_plan_provides() -> None
     # n2 goes and nothing is added: 2 GPUs left on n1, no room for 4 together.
     assert (
         placeholder_demand(
-            fleet,
+            SpareRoom(
+                fleet,
+                {"a100": 1},
+                removed=frozenset({"n2"}),
+                estimate=None,
+                mix=[],
+                policy=make_policy("bestfit"),
+                names=KUBE_NAMES,
+                gpus_each=4,
+            ),
             [a100],
-            {"a100": 1},
-            removed=frozenset({"n2"}),
-            estimate=None,
-            mix=[],
-            policy=make_policy("bestfit"),
-            settings=PlaceholderSettings(),
-            names=KUBE_NAMES,
-            gpus_each=4,
+            PlaceholderSettings(),
         )
         == []
     )
@@ -312,17 +314,16 @@ def test_pending_pods_take_their_room_before_placeholders() -> None:
         [kube_node("n1")],
         [kube_pod("wait", None, gpus=2, pool="a100"), kube_pod("other", None, gpus=4, pool="t4")],
     )
-    held = placeholder_demand(
+    spare = SpareRoom(
         fleet,
-        [a100],
         {"a100": 1},
         removed=frozenset(),
         estimate=None,
         mix=[Job("m1", num_gpu=1, gpu_milli=1000)],
         policy=make_policy("bestfit"),
-        settings=PlaceholderSettings(),
         names=KUBE_NAMES,
     )
+    held = placeholder_demand(spare, [a100], PlaceholderSettings())
     assert held == [PlaceholderDemand(pool="a100", count=6, gpus=1)]  # 8 less the pending 2
 
 

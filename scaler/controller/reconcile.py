@@ -376,38 +376,53 @@ def pack_placeholders(
     return sorted(sizes + [1] * len(shared), reverse=True)
 
 
+@dataclass(frozen=True, slots=True)
+class SpareRoom:
+    """What a pass works out the room its plan provides beyond what real pods use or wait
+    for from, for placeholders and CapacityBuffers alike: the planned node count per pool,
+    the nodes the pass lets go, the scale-up estimate (which pending pods go where), the
+    job mix and policy it packs with, and the placeholder size if one is fixed."""
+
+    fleet: ObservedFleet
+    desired: Mapping[str, int]
+    removed: frozenset[str]
+    estimate: ScaleUpEstimate | None
+    mix: Sequence[Job]
+    policy: Policy
+    names: KubeNames
+    gpus_each: int | None = None
+
+    def packed(self, pool: NodePool, shapes: Sequence[Job], pod: Any) -> list[int] | None:
+        """GPUs of each unit of `shapes` that fits onto the pool's nodes after this pass
+        (`pool_room`) once the pending pods bound for the pool have taken theirs
+        (`pack_placeholders`), each placed as `pod` (its selector and tolerations) would
+        be; None where the pool has no room to hold."""
+        planned = self.desired.get(pool.name, 0)
+        room = pool_room(self.fleet, pool, planned, self.removed, self.names.pool_label)
+        if room is None:
+            return None
+        cluster = self.fleet.cluster
+        taints = [parse_taint(t) for t in sorted(cluster.taints)] if cluster is not None else []
+        like = job_of(read_pod(pod, self.names), self.names, taints)
+        pending = pending_for(self.fleet, pool.name, self.estimate)
+        return pack_placeholders(room, pending, shapes, like, self.policy)
+
+
 def placeholder_demand(
-    fleet: ObservedFleet,
-    pools: Sequence[NodePool],
-    desired: Mapping[str, int],
-    *,
-    removed: frozenset[str],
-    estimate: ScaleUpEstimate | None,
-    mix: Sequence[Job],
-    policy: Policy,
-    settings: PlaceholderSettings,
-    names: KubeNames,
-    gpus_each: int | None = None,
+    spare: SpareRoom, pools: Sequence[NodePool], settings: PlaceholderSettings
 ) -> list[PlaceholderDemand]:
     """Placeholders holding the room the plan provides beyond what real pods use or wait
     for, so the capacity bought ahead of demand stays warm until jobs preempt them: per
-    pool, the job mix packed onto the pool's nodes after this pass (`pool_room`) once the
-    pending pods bound for the pool have taken theirs (`pack_placeholders`)."""
-    cluster = fleet.cluster
-    taints = [parse_taint(t) for t in sorted(cluster.taints)] if cluster is not None else []
+    pool, the job mix packed into the spare room (`SpareRoom.packed`)."""
     out = []
     for pool in pools:
-        room = pool_room(fleet, pool, desired.get(pool.name, 0), removed, names.pool_label)
-        if room is None:
-            continue
-        like = job_of(read_pod(placeholder_pod(settings, pool.name, 0, 1), names), names, taints)
-        sizes = pack_placeholders(
-            room,
-            pending_for(fleet, pool.name, estimate),
-            placeholder_shapes(pool, mix, gpus_each),
-            like,
-            policy,
+        sizes = spare.packed(
+            pool,
+            placeholder_shapes(pool, spare.mix, spare.gpus_each),
+            placeholder_pod(settings, pool.name, 0, 1),
         )
+        if sizes is None:
+            continue
         for gpus in sorted(set(sizes), reverse=True):
             out.append(PlaceholderDemand(pool=pool.name, count=sizes.count(gpus), gpus=gpus))
     return out
@@ -446,40 +461,22 @@ def buffer_unit(pool: NodePool, mix: Sequence[Job], gpus_each: int | None = None
 
 
 def buffer_demand(
-    fleet: ObservedFleet,
-    pools: Sequence[NodePool],
-    desired: Mapping[str, int],
-    *,
-    removed: frozenset[str],
-    estimate: ScaleUpEstimate | None,
-    mix: Sequence[Job],
-    policy: Policy,
-    settings: BufferSettings,
-    names: KubeNames,
-    gpus_each: int | None = None,
+    spare: SpareRoom, pools: Sequence[NodePool], settings: BufferSettings
 ) -> list[BufferDemand]:
     """Per pool, the CapacityBuffer that asks the node autoscaler for the room the plan
     provides beyond what real pods use or wait for: as many units of the pool's job
-    (`buffer_unit`) as `pack_placeholders` fits onto the pool's nodes after this pass
-    (`pool_room`) once the pending pods bound for the pool have taken theirs. The node
-    autoscaler sees those pods itself, and provisions for the units on top. Capped at the
+    (`buffer_unit`) as fit into the spare room (`SpareRoom.packed`). The node autoscaler
+    sees the pending pods itself, and provisions for the units on top. Capped at the
     pool's GPUs at its max size."""
-    cluster = fleet.cluster
-    taints = [parse_taint(t) for t in sorted(cluster.taints)] if cluster is not None else []
     out = []
     for pool in pools:
-        shape = buffer_unit(pool, mix, gpus_each)
+        shape = buffer_unit(pool, spare.mix, spare.gpus_each)
         unit = BufferUnit(
             gpus=shape.num_gpu, cpu_milli=shape.cpu_milli, memory_mib=shape.memory_mib
         )
         template = unit_template(settings, pool.name, unit)["template"]
-        like = job_of(read_pod(template, names), names, taints)
-        planned = desired.get(pool.name, 0)
-        room = pool_room(fleet, pool, planned, removed, names.pool_label)
-        units = 0
-        if room is not None:
-            pending = pending_for(fleet, pool.name, estimate)
-            units = len(pack_placeholders(room, pending, [shape], like, policy))
+        units = len(spare.packed(pool, [shape], template) or [])
+        planned = spare.desired.get(pool.name, 0)
         out.append(
             BufferDemand(
                 pool=pool.name,
@@ -587,22 +584,20 @@ class Reconciler:
         placeholders: list[PlaceholderDemand] = []
         buffers: list[BufferDemand] = []
         if kube is not None and self.system.kube is not None:
-            spare = {
-                "removed": removed,
-                "estimate": estimate,
-                "mix": mix_jobs(cfg.placement.mix),
-                "policy": placement,
-                "names": names,
-                "gpus_each": kube.placeholder_gpus,
-            }
+            spare = SpareRoom(
+                fleet,
+                desired,
+                removed=removed,
+                estimate=estimate,
+                mix=mix_jobs(cfg.placement.mix),
+                policy=placement,
+                names=names,
+                gpus_each=kube.placeholder_gpus,
+            )
             if kube.pre_position == "placeholders":
-                placeholders = placeholder_demand(
-                    fleet, cfg.pools, desired, settings=kube.placeholders, **spare
-                )
+                placeholders = placeholder_demand(spare, cfg.pools, kube.placeholders)
             elif kube.pre_position == "capacity-buffer":
-                buffers = buffer_demand(
-                    fleet, cfg.pools, desired, settings=kube.capacity_buffers, **spare
-                )
+                buffers = buffer_demand(spare, cfg.pools, kube.capacity_buffers)
         left: list[Removal] = []
         if cfg.provider.scale_down == "none":
             removals, left = [], removals
