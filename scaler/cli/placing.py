@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import json
 import shutil
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Annotated
 
@@ -13,6 +13,7 @@ import typer
 from predictor.foundation.atomic_files import write_file, write_text
 
 if TYPE_CHECKING:
+    from rich.progress import Progress
     from rich.table import Table
 
     from scaler.evaluation.placement_bench import ExperimentResult
@@ -135,27 +136,17 @@ def register(app: typer.Typer, bench: typer.Typer) -> None:
         console = Console(width=max(120, shutil.get_terminal_size().columns))
         total = len(names) * len(policy_list) * len(seed_list)
         with Progress(console=console, transient=True) as progress:
-            task = progress.add_task("placement experiments", total=total)
+            each = _progress_step(progress, "placement experiments", total)
             results = run_matrix(
-                node_table,
-                workloads,
-                policy_list,
-                seed_list,
-                workers=workers,
-                on_result=lambda _r: progress.advance(task),
+                node_table, workloads, policy_list, seed_list, workers=workers, on_result=each
             )
             bounds = []
             if bound:
                 from scaler.evaluation.placement_bound import run_bounds
 
-                task = progress.add_task("bound solves", total=len(names) * len(seed_list))
+                each = _progress_step(progress, "bound solves", len(names) * len(seed_list))
                 bounds = run_bounds(
-                    node_table,
-                    workloads,
-                    seed_list,
-                    bound_seconds,
-                    workers=workers,
-                    on_result=lambda _r: progress.advance(task),
+                    node_table, workloads, seed_list, bound_seconds, workers=workers, on_result=each
                 )
         console.print(summary_table(results, published, bounds))
         for line in target_lines(results, published) + bound_lines(results, published, bounds):
@@ -187,6 +178,13 @@ def parse_seeds(text: str) -> list[int]:
     if not seeds:
         raise typer.BadParameter("no seeds given", param_hint="--seeds")
     return list(dict.fromkeys(seeds))
+
+
+def _progress_step(progress: Progress, label: str, total: int) -> Callable[[object], None]:
+    """A new bar of `total` steps named `label`, and the callback that moves it one step
+    (for a runner's `on_result`)."""
+    task = progress.add_task(label, total=total)
+    return lambda _result: progress.advance(task)
 
 
 def _default_anchors() -> Path | None:
