@@ -13,6 +13,7 @@ from typing import Any
 import pandas as pd
 import pytest
 from fake_kube import FakeKube
+from live_fixtures import fast_policy, pool
 
 from predictor.telemetry.config import KubernetesSettings
 from predictor.telemetry.kubernetes import KubernetesSource
@@ -255,29 +256,11 @@ def test_a_pending_workload_scales_the_live_loop_up_before_any_pod_exists(
     admitted, its pods run there and are counted once: no more nodes."""
     cfg = LiveConfig(
         state_dir=tmp_path / "state",
-        pools=[
-            {
-                "name": "a100",
-                "gpu_model": "A100",
-                "gpus_per_node": 8,
-                "cpu_milli_per_node": 96_000,
-                "memory_mib_per_node": 1_048_576,
-                "price_per_hour": 32.0,
-                "boot_seconds": 0,
-                "min_size": 1,
-                "max_size": 10,
-            }
-        ],
+        pools=[pool("a100")],
         provider={"kind": "simulated", "simulated": {"initial_sizes": {"a100": 1}}},
         kubernetes={"host": fake.url, "pre_position": "none", "kueue": True},
         model={"name": "persistence"},
-        policy={
-            "mode": "predictive",
-            "step_seconds": 60.0,
-            "drop_hold_steps": 0,
-            "min_scores": 10_000,
-            "calibration_window": 10_000,
-        },
+        policy=fast_policy(60.0),
         lease={"enabled": False},
     )
     ds = pd.date_range(end=NOW, periods=6, freq="60s")
