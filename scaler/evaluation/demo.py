@@ -193,8 +193,10 @@ def _write_report(
         "",
         "Nodes take 10 minutes to boot. The reactive scaler only asks for a node once a job "
         "is already waiting; spare nodes are bought whatever the demand; the predictive "
-        "scaler asks early enough for the node to be ready when the forecast's upper "
-        "quantile says demand will arrive. Of the 1-4 spare nodes per pool tried, the row "
+        "scaler tunes each pool's spare capacity on the pool's own recent demand (the "
+        "cheapest of a family of buffer rules, its forecast among them, that kept short "
+        "steps within its service-level knob) and asks a boot time ahead, on top of what "
+        "waiting jobs need. Of the 1-4 spare nodes per pool tried, the row "
         "shown is the cheapest that waits no more than predictive (in GPU-minutes), or the "
         "least waiting if none does.",
         "",
@@ -214,9 +216,10 @@ def _write_report(
         )
     lines += [
         "",
-        f"Predictive scaling pays {figures['gpu_hours_extra']:+.1%} GPU-hours against "
-        f"reactive and cuts the p95 wait for capacity from {reactive['wait_p95_min']:.1f} to "
-        f"{predictive['wait_p95_min']:.1f} minutes; against {_spare(headroom)} per pool "
+        f"Predictive scaling pays {_more(figures['gpu_hours_extra'])} GPU-hours than "
+        f"reactive and waits {_waited(predictive, reactive)}, p95 wait for capacity "
+        f"{predictive['wait_p95_min']:.1f} against {reactive['wait_p95_min']:.1f} minutes; "
+        f"against {_spare(headroom)} per pool "
         f"it pays {_more(predictive['gpu_hours'] / headroom['gpu_hours'] - 1)} GPU-hours "
         f"and waits {_waited(predictive, headroom)}.",
         "",
