@@ -16,10 +16,13 @@ steps) and is paid from now; a removed node stops at once. So:
 - nodes are kept while the upper bound over steps t..t+L needs them (a node removed now
   could not be back before t+L); beyond that, keeping a node only costs.
 
-The upper bound is a forecast quantile plus a conformal safety margin learned from the
-forecast's recent errors (`margin.ConformalMargin`), aimed at the share of short steps the
-service-level knob `target_shortage` allows. Nodes already booting count as capacity on
-the way, so the planner never launches twice for one need.
+The forecast's upper bound is a quantile plus a conformal safety margin learned from its
+recent errors (`margin.ConformalMargin`). Once a group has a day of history, its size is
+tuned on that history instead (`buffer_tuning`): the planner replays buffer rules (last
+demand or a recent peak plus spare nodes, the forecast bound plus spare nodes) in whole
+nodes of the group's pool and follows the cheapest one whose share of short steps stayed
+within the service-level knob `target_shortage`. Nodes already booting count as capacity
+on the way, so the planner never launches twice for one need.
 """
 
 from __future__ import annotations
