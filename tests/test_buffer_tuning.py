@@ -34,7 +34,7 @@ def test_rules_ask_for_the_last_demand_or_the_recent_peak_plus_spare_nodes() -> 
     assert targets[0].tolist() == [3, 6, 4, 4, 3]  # ceil(demand) + 1
     assert targets[1].tolist() == [2, 5, 5, 5, 3]  # peak of the last 3 steps
     assert targets[2].tolist() == [3, 3, 3, 3, 3]  # ceil(0.5) + 2
-    assert target_of(rules[1], observed, 0.5) == 3
+    assert target_of(rules[1], observed, np.full(5, 0.5)) == 3
 
 
 def test_a_replayed_rule_is_short_when_demand_outruns_the_capacity_ready() -> None:

@@ -70,8 +70,7 @@ def rule_targets(
 ) -> np.ndarray:
     """[rule, i]: the nodes each rule asks for at call i, from demand `observed[:i+1]`
     (nodes, fractional allowed) and the forecast bound issued at call i (nodes)."""
-    demand = np.ceil(np.asarray(observed, dtype=float) - 1e-9)
-    bound = np.maximum(np.ceil(np.asarray(forecast, dtype=float) - 1e-9), 0.0)
+    demand, bound = _whole_nodes(observed), np.maximum(_whole_nodes(forecast), 0.0)
     return np.array([_base(rule, demand, bound) + rule.spare for rule in rules])
 
 
@@ -88,11 +87,11 @@ def replay_rules(
     their spare nodes s, so a step is short under spare s exactly when its demand exceeds
     the base's lowest target over the lead by more than s: one pass per base, not per rule.
     """
-    demand = np.ceil(np.asarray(observed, dtype=float) - 1e-9)
+    demand = _whole_nodes(observed)
     steps = max(demand.size - 1 - lead, 0)
     if steps == 0:
         return [RuleRecord(r, 0.0, 0.0, 0) for r in range(len(rules))]
-    bound = np.maximum(np.ceil(np.asarray(forecast, dtype=float) - 1e-9), 0.0)
+    bound = np.maximum(_whole_nodes(forecast), 0.0)
     bases: dict[tuple[RuleKind, int], tuple[np.ndarray, float]] = {}
     out = []
     for r, rule in enumerate(rules):
@@ -133,13 +132,13 @@ def cheapest_within(records: Sequence[RuleRecord], knob: float) -> RuleRecord:
     return min(records, key=lambda r: (r.short_share, r.mean_nodes, r.rule))
 
 
-def target_of(rule: BufferRule, observed: np.ndarray, forecast_nodes: float) -> int:
-    """The nodes `rule` asks for now, given the demand observed so far (nodes)."""
-    demand = np.ceil(np.asarray(observed[-rule.window :], dtype=float) - 1e-9)
-    if rule.kind == "forecast":
-        base = max(float(np.ceil(forecast_nodes - 1e-9)), 0.0)
-    elif rule.kind == "rolling-max":
-        base = float(demand.max())
-    else:
-        base = float(demand[-1])
-    return max(int(base) + rule.spare, 0)
+def target_of(rule: BufferRule, observed: np.ndarray, forecast: np.ndarray) -> int:
+    """The nodes `rule` asks for now: the last of its targets over the history (demand
+    observed and forecast bounds issued, nodes; only the rule's window is read)."""
+    tail = slice(-rule.window, None)
+    return int(rule_targets(observed[tail], forecast[tail], (rule,))[0, -1])
+
+
+def _whole_nodes(values: np.ndarray) -> np.ndarray:
+    """Node counts rounded up, a float residue (8.000000001 GPUs / 8) not counted."""
+    return np.ceil(np.asarray(values, dtype=float) - 1e-9)

@@ -203,9 +203,8 @@ class GroupMemory:
     # and the forecast bound issued then; the rule followed and how it had done.
     observed_nodes: np.ndarray = field(default_factory=lambda: np.empty(0))
     bound_nodes: np.ndarray = field(default_factory=lambda: np.empty(0))
-    rule: int = 0  # index into buffer_tuning.RULES; set at the first tuning
-    tuned: RuleRecord | None = None
-    tuned_step: int = -(10**9)
+    tuned: RuleRecord | None = None  # the rule followed, as of the step it was chosen
+    tuned_step: int = 0
 
     def with_recent(self, recent: tuple[float, ...]) -> GroupMemory:
         """This memory with other recent observations (`dataclasses.replace` costs several
@@ -220,7 +219,6 @@ class GroupMemory:
             self.hold_until,
             self.observed_nodes,
             self.bound_nodes,
-            self.rule,
             self.tuned,
             self.tuned_step,
         )
@@ -323,9 +321,8 @@ def plan(
     if policy.mode != "static":
         for outlook, group_lead in zip(outlooks, routing.group_lead, strict=True):
             old = group_memory.get(outlook.group) or GroupMemory()
-            node = _node_gpus(pools, outlook, policy.objective)
             need, group_memory[outlook.group] = _group_need(
-                outlook, old, policy, group_lead, step, node
+                outlook, old, policy, group_lead, step, pools
             )
             needs.append(need)
 
@@ -377,7 +374,7 @@ def _group_need(
     policy: PlannerPolicy,
     lead: int,
     step: int,
-    node_gpus: int = 1,
+    pools: Sequence[NodePool],
 ) -> tuple[GroupNeed, GroupMemory]:
     observed = float(outlook.observed)
     window = max(policy.unneeded_steps, 2)
@@ -451,30 +448,27 @@ def _group_need(
     forecast_keep, bound_now = keep, float(upper[0])
 
     # The spare capacity, tuned on the group's own history (see `buffer_tuning`).
+    node_gpus = _node_gpus(pools, outlook, policy.objective)
     history = policy.calibration_window + 1
     observed_nodes = np.append(old.observed_nodes, observed / node_gpus)[-history:]
     bound_nodes = np.append(old.bound_nodes, keep / node_gpus)[-history:]
-    rule, tuned, tuned_step = old.rule, old.tuned, old.tuned_step
+    tuned, tuned_step = old.tuned, old.tuned_step
     if observed_nodes.size - 1 - (rows - 1) >= policy.tuning_min_steps:
-        if step - tuned_step >= policy.retune_steps:
+        if tuned is None or step - tuned_step >= policy.retune_steps:
             tuned = cheapest_within(
                 replay_rules(observed_nodes, bound_nodes, rows - 1), policy.target_shortage
             )
-            rule, tuned_step = tuned.rule, step
-        nodes = target_of(RULES[rule], observed_nodes, keep / node_gpus)
+            tuned_step = step
+        rule = RULES[tuned.rule]
+        nodes = target_of(rule, observed_nodes, bound_nodes)
         add_to = keep = bound_now = float(nodes * node_gpus)
         reason = (
-            f"tuned spare capacity {nodes} node(s) of {node_gpus} GPUs: {RULES[rule].label}"
-            + (
-                ""
-                if tuned is None
-                else f" (short on {tuned.short_share:.2%} of the last {tuned.steps} steps, "
-                f"knob {policy.target_shortage:g}); forecast bound {forecast_keep:.1f} GPUs"
-            )
+            f"tuned spare capacity {nodes} node(s) of {node_gpus} GPUs: {rule.label} (short "
+            f"on {tuned.short_share:.2%} of the last {tuned.steps} steps, knob "
+            f"{policy.target_shortage:g}); forecast bound {forecast_keep:.1f} GPUs"
         )
         inputs["tuned_nodes"] = nodes
-        if tuned is not None:
-            inputs["tuned_short_share"] = tuned.short_share
+        inputs["tuned_short_share"] = tuned.short_share
 
     if policy.mode == "hybrid" and not math.isnan(old.last_upper) and observed > old.last_upper:
         # Demand outran the bound set for it: correct reactively by the overshoot, at once.
@@ -494,7 +488,6 @@ def _group_need(
         hold_until=hold_until,
         observed_nodes=observed_nodes,
         bound_nodes=bound_nodes,
-        rule=rule,
         tuned=tuned,
         tuned_step=tuned_step,
     )
