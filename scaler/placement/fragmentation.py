@@ -20,40 +20,30 @@ only for nodes whose `version` changed, when a placement asks for them.
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import ClassVar
 
 import numpy as np
 
 from scaler.cluster.job import WHOLE_GPU_MILLI, Job
 from scaler.cluster.snapshot import ClusterState
+from scaler.placement.copy_on_write import CopyOnWrite
 from scaler.placement.mix import WorkloadMix
 
 
 @dataclass
-class NodeFragments:
+class NodeFragments(CopyOnWrite):
     """Cached per-node inputs and result of the fragmentation measure. Row n of `counts`
     is node n's `cnt` per shape group, then its `high` per group, then its free GPU total
     (`FragmentationModel.split` names the parts). A copy shares the arrays until either
     side refreshes a node (copy on write): what-if copies of a state (gangs, preemption,
     scale-down checks) mostly read them."""
 
+    ARRAYS: ClassVar[tuple[str, ...]] = ("version", "counts", "frag")
+
     version: np.ndarray
     counts: np.ndarray
     frag: np.ndarray
     shared: bool = False
-
-    def copy(self) -> NodeFragments:
-        self.shared = True
-        return NodeFragments(self.version, self.counts, self.frag, True)
-
-    def own(self) -> None:
-        """Take private arrays before writing, if they are shared with a copy."""
-        if self.shared:
-            self.version, self.counts, self.frag = (
-                self.version.copy(),
-                self.counts.copy(),
-                self.frag.copy(),
-            )
-            self.shared = False
 
 
 @dataclass(frozen=True)

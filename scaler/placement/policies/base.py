@@ -24,6 +24,7 @@ import numpy as np
 
 from scaler.cluster.job import WHOLE_GPU_MILLI, Job
 from scaler.cluster.snapshot import ClusterState
+from scaler.placement.copy_on_write import CopyOnWrite
 
 Choice = tuple[int, tuple[int, ...]]
 # (scores, GPU index or -1) of each given node for a job; must depend on that node alone,
@@ -43,29 +44,17 @@ MAX_CACHED_SIZES = 64
 
 
 @dataclass
-class NodeScores:
+class NodeScores(CopyOnWrite):
     """A policy's per-node score (and GPU) for one job shape, valid at `version`. A copy
     shares the arrays until either side scores a node again (copy on write): a what-if
     copy of a state carries every cached shape, and uses few of them."""
+
+    ARRAYS: ClassVar[tuple[str, ...]] = ("version", "score", "gpu")
 
     version: np.ndarray
     score: np.ndarray
     gpu: np.ndarray
     shared: bool = False
-
-    def copy(self) -> NodeScores:
-        self.shared = True
-        return NodeScores(self.version, self.score, self.gpu, True)
-
-    def own(self) -> None:
-        """Take private arrays before writing, if they are shared with a copy."""
-        if self.shared:
-            self.version, self.score, self.gpu = (
-                self.version.copy(),
-                self.score.copy(),
-                self.gpu.copy(),
-            )
-            self.shared = False
 
 
 class Policy(ABC):
