@@ -399,3 +399,374 @@ def test_metrics_count_the_moves_like_the_scale_actions(tmp_path: Path, fake: Fa
     assert value("gpuscale_defrag_planned_moves") == len(outcome.report.steps)
     assert value("gpuscale_defrag_window_moves") == outcome.count("done")
     assert value("gpuscale_defrag_last_run_timestamp_seconds") == 1000.0
+
+
+# ---------------------------------------------------------------- MIG repartitions
+
+SEVEN_1G = ",".join(f"1g.10gb@{s}" for s in range(7))
+TWO_BY_1G = f"0={SEVEN_1G};1={SEVEN_1G}"  # two A100-80GB GPUs, seven 1g instances each
+# A few configs as the GPU operator's mig-parted file writes them (`mig-configs`).
+MIG_CONFIGS: dict[str, list[dict[str, Any]]] = {
+    "all-1g.10gb": [{"devices": "all", "mig-enabled": True, "mig-devices": {"1g.10gb": 7}}],
+    "all-7g.80gb": [{"devices": "all", "mig-enabled": True, "mig-devices": {"7g.80gb": 1}}],
+    "half-7g": [
+        {"devices": [0], "mig-enabled": True, "mig-devices": {"1g.10gb": 7}},
+        {"devices": [1], "mig-enabled": True, "mig-devices": {"7g.80gb": 1}},
+    ],
+    "all-balanced": [
+        {"device-filter": ["0x233010DE"], "devices": "all", "mig-enabled": True,
+         "mig-devices": {"1g.12gb": 2, "2g.24gb": 1, "3g.47gb": 1}},  # an H100 NVL's
+        {"device-filter": ["0x20B510DE"], "devices": "all", "mig-enabled": True,
+         "mig-devices": {"1g.10gb": 2, "2g.20gb": 1, "3g.40gb": 1}},
+    ],
+    "all-disabled": [{"devices": "all", "mig-enabled": False}],
+}  # fmt: skip
+MIG = {"configs": MIG_CONFIGS, "wait_s": 5, "poll_s": 0.01}
+CONFIG_LABEL = "nvidia.com/mig.config"
+STATE_LABEL = "nvidia.com/mig.config.state"
+
+
+def mig_node_json(
+    name: str, layout: str = TWO_BY_1G, config: str | None = "all-1g.10gb"
+) -> dict[str, Any]:
+    """A node of two MIG GPUs (no whole one) the MIG manager manages with `config`
+    (None: one it does not manage), its instances in gpuscale's layout annotation."""
+    labels = {
+        "gpuscale.io/pool": "a100",
+        "nvidia.com/gpu.product": "NVIDIA-A100-SXM4-80GB",
+        "nvidia.com/gpu.count": "2",
+    }
+    if config is not None:
+        labels |= {CONFIG_LABEL: config, STATE_LABEL: "success"}
+    return {
+        "metadata": {
+            "name": name,
+            "labels": labels,
+            "annotations": {KUBE_NAMES.mig_layout_annotation: layout},
+        },
+        "spec": {"providerID": f"aws:///us-east-1a/i-{name}"},
+        "status": {
+            "allocatable": {
+                "cpu": "96", "memory": "1Ti", "nvidia.com/gpu": "0", "nvidia.com/mig-1g.10gb": "14"
+            },
+            "conditions": [{"type": "Ready", "status": "True"}],
+        },
+    }  # fmt: skip
+
+
+def mig_pod_json(
+    name: str, profile: str, node: str | None, instance: int | None = None
+) -> dict[str, Any]:
+    """A pod of a ReplicaSet asking one `profile` instance, on `node` (None: pending); our
+    bind's record of its instance where `instance` is given."""
+    pod = pod_json(name, 0, node, owner=f"rs-{name}")
+    requests = pod["spec"]["containers"][0]["resources"]["requests"]
+    del requests["nvidia.com/gpu"]
+    requests[f"nvidia.com/mig-{profile}"] = "1"
+    if instance is not None:
+        pod["metadata"]["annotations"] = {KUBE_NAMES.gpus_annotation: str(instance)}
+    return pod
+
+
+class FakeMigManager:
+    """Plays the GPU operator's MIG manager: a node whose nvidia.com/mig.config was set
+    with the state `pending` gets that config's instance counts as its allocatable and the
+    state `answer` (at once, or when the test calls `finish`)."""
+
+    def __init__(self, fake: FakeKube, answer: str = "success", at_once: bool = True) -> None:
+        self.fake = fake
+        self.answer = answer
+        self.at_once = at_once
+        self.applied: list[tuple[str, str]] = []  # (node, config)
+        fake.on_write.append(self._react)
+
+    def _react(self, type_: str, plural: str, obj: dict[str, Any]) -> None:
+        if plural == "nodes" and type_ == "MODIFIED" and self.at_once:
+            self.finish(obj["metadata"]["name"])
+
+    def finish(self, name: str) -> None:
+        node = self.fake.get("nodes", name)
+        labels = node["metadata"].get("labels", {})
+        if labels.get(STATE_LABEL) != "pending":
+            return
+        config = labels[CONFIG_LABEL]
+        counts: dict[str, int] = {}
+        for gpu in (0, 1):
+            chosen = [e for e in MIG_CONFIGS[config] if e["devices"] in ("all", [gpu], [0, 1])]
+            for profile, count in chosen[-1].get("mig-devices", {}).items():
+                counts[profile] = counts.get(profile, 0) + count
+        old = node["status"]["allocatable"]
+        allocatable: dict[str, str | None] = {
+            k: None for k in old if k.startswith("nvidia.com/mig-")
+        }
+        allocatable |= {f"nvidia.com/mig-{p}": str(c) for p, c in counts.items()}
+        self.applied.append((name, config))
+        self.fake.patch(
+            "nodes",
+            name,
+            {
+                "metadata": {"labels": {STATE_LABEL: self.answer}},
+                "status": {"allocatable": allocatable},
+            },
+        )
+
+
+def writes(fake: FakeKube) -> list[tuple[str, str]]:
+    return [(m, p) for m, p in fake.requests if m in ("POST", "PATCH", "PUT", "DELETE")]
+
+
+def test_a_repartition_is_planned_and_applied_on_an_empty_gpu(
+    tmp_path: Path, fake: FakeKube
+) -> None:
+    """GPU 0 of m1 runs a 1g pod, GPU 1 is idle; a pod waits for a 7g, which no instance
+    offers. The config that clears only GPU 1 is chosen (all-7g.80gb would clear GPU 0
+    too, under the running pod), asked of the MIG manager, and the pod then goes there."""
+    mig_manager = FakeMigManager(fake)
+    fake.create("nodes", mig_node_json("m1"))
+    fake.create("pods", mig_pod_json("small", "1g.10gb", "m1", instance=0))
+    fake.create("pods", mig_pod_json("big", "7g.80gb", None))
+    out = run_defrag(tmp_path, fake, "--apply", mig=MIG)
+    (step,) = out["plan"]["repartitions"]
+    assert step["node"] == "m1" and step["gpus"] == [1]
+    assert (step["config_from"], step["config_to"]) == ("all-1g.10gb", "half-7g")
+    assert step["layout_from"] == f"1={SEVEN_1G}" and step["layout_to"] == "1=7g.80gb@0"
+    assert step["serves"] == [f"{NS}/big"] and "1 x 7g.80gb" in step["frees"]
+    assert "GPU(s) 1 of m1 run no pod" in step["reason"]
+    assert out["plan"]["mig_unserved"] == [] and out["plan"]["moves"] == []
+    big = next(s for s in out["plan"]["shapes"] if s["label"].startswith(f"pending {NS}/big"))
+    assert (big["nodes_before"], big["nodes_after"]) == (0, 1)
+    (done,) = out["repartitions"]
+    assert done["status"] == "done" and done["asked"] and "applied half-7g" in done["result"]
+    # The label the MIG manager acts on, with the state this change then reports.
+    assert mig_manager.applied == [("m1", "half-7g")]
+    node = fake.get("nodes", "m1")
+    assert node["metadata"]["labels"][CONFIG_LABEL] == "half-7g"
+    assert node["metadata"]["labels"][STATE_LABEL] == "success"
+    # gpuscale's layout annotation follows: GPU 0 as it was, GPU 1 as the config made it.
+    layout = node["metadata"]["annotations"][KUBE_NAMES.mig_layout_annotation]
+    assert layout == f"0={SEVEN_1G};1=7g.80gb"
+    # The small pod was never asked to move; journaled, counted in the window.
+    assert evictions(fake) == [] and evictions(fake, dry=True) == []
+    journal = DecisionJournal(tmp_path / "state")
+    (action,) = [a for a in journal.actions() if a.kind == "defrag_repartition"]
+    assert (action.target, action.status, action.params["config_to"]) == ("m1", "done", "half-7g")
+    assert len(journal.load("defrag_window", [])) == 1 and journal.pending() == []
+    # The waiting pod now finds its instance, through the extender.
+    config = LiveConfig.model_validate(config_dict(tmp_path, fake))
+    with TestClient(create_app(config)) as client:
+        node_name, _ = schedule(client, fake, fake.get("pods", "big", NS), full_nodes=False)
+    assert node_name == "m1"
+    assert read_pod(fake.get("pods", "big", NS)).gpu_indices == (7,)  # the 7g of GPU 1
+
+
+def test_a_repartition_under_a_pod_is_refused_with_the_reason(
+    tmp_path: Path, fake: FakeKube
+) -> None:
+    """m1: a 1g pod on each GPU. m2: a 1g pod bound without the extender (its instance
+    unknown, so either GPU may be it). m3: not managed by the MIG manager. Every config
+    that would make the 7g clears a GPU a pod may use: nothing is asked."""
+    FakeMigManager(fake)
+    fake.create("nodes", mig_node_json("m1"))
+    fake.create("nodes", mig_node_json("m2"))
+    fake.create("nodes", mig_node_json("m3", config=None))
+    fake.create("pods", mig_pod_json("on-gpu0", "1g.10gb", "m1", instance=0))
+    fake.create("pods", mig_pod_json("on-gpu1", "1g.10gb", "m1", instance=8))
+    fake.create("pods", mig_pod_json("somewhere", "1g.10gb", "m2"))
+    fake.create("pods", mig_pod_json("big", "7g.80gb", None))
+    before = fake.objects("nodes")
+    out = run_defrag(tmp_path, fake, "--apply", mig=MIG)
+    plan = out["plan"]
+    assert plan["repartitions"] == [] and out["repartitions"] == []
+    refused = {r["node"]: r for r in plan["mig_refused"]}
+    assert refused["m1"]["config"] == "half-7g" and refused["m1"]["would_serve"] == [f"{NS}/big"]
+    assert refused["m1"]["why"].startswith(f"{NS}/on-gpu1 runs on 1g.10gb@1 of GPU 1")
+    assert "only GPUs no pod uses are repartitioned" in refused["m1"]["why"]
+    assert refused["m2"]["why"] == (
+        f"{NS}/somewhere runs on a 1g.10gb instance of the node, not recorded which,"
+        " which half-7g clears (only GPUs no pod uses are repartitioned)"
+    )
+    assert "not managed by the GPU operator's MIG manager" in refused["m3"]["why"]
+    ((pod, why),) = [(u["pod"], u["why"]) for u in plan["mig_unserved"]]
+    assert pod == f"{NS}/big" and "no free 7g.80gb instance" in why
+    assert fake.objects("nodes") == before and writes(fake) == []
+    assert DecisionJournal(tmp_path / "state").load("defrag_window", []) == []
+
+
+def test_a_pod_bound_after_the_listing_stops_its_repartition(
+    tmp_path: Path, fake: FakeKube
+) -> None:
+    """The plan saw GPU 1 idle; a pod lands on it before the change is asked. The node's
+    pods are listed again just before: the change is not asked, nor counted."""
+    from scaler.controller.defrag import Defragmenter
+
+    mig_manager = FakeMigManager(fake)
+    fake.create("nodes", mig_node_json("m1"))
+    fake.create("pods", mig_pod_json("big", "7g.80gb", None))
+    config = LiveConfig.model_validate(config_dict(tmp_path, fake, mig=MIG))
+    assert config.kubernetes is not None
+
+    def observe_then_bind(api: Any, names: Any) -> Any:
+        seen = observe_cluster(api, names)
+        fake.create("pods", mig_pod_json("late", "1g.10gb", "m1", instance=7))
+        return seen
+
+    api = kube_client(config.kubernetes)
+    journal = DecisionJournal(config.state_dir)
+    outcome = Defragmenter(config, api, journal, observe=observe_then_bind).run(apply=True)
+    (step,) = outcome.report.repartitions
+    assert step.gpus == (1,)
+    (result,) = outcome.repartitions
+    assert result.status == "blocked" and not result.asked
+    assert f"{NS}/late runs on 1g.10gb@0 of GPU 1" in result.result
+    assert mig_manager.applied == []
+    assert fake.get("nodes", "m1")["metadata"]["labels"][CONFIG_LABEL] == "all-1g.10gb"
+    assert journal.load("defrag_window", []) == []
+    (action,) = [a for a in journal.actions() if a.kind == "defrag_repartition"]
+    assert action.status == "blocked"
+
+
+def test_repartitions_count_against_the_move_limit(tmp_path: Path, fake: FakeKube) -> None:
+    """Three pods wait for a 7g on two idle nodes: one change (all-7g.80gb, two 7g) serves
+    two; the third needs the other node, which one move a window does not allow."""
+    mig_manager = FakeMigManager(fake)
+    for name in ("m1", "m2"):
+        fake.create("nodes", mig_node_json(name))
+    for name in ("big-a", "big-b", "big-c"):
+        fake.create("pods", mig_pod_json(name, "7g.80gb", None))
+    first = run_defrag(tmp_path, fake, "--apply", "--max-moves", "1", mig=MIG)
+    (step,) = first["plan"]["repartitions"]
+    assert first["plan"]["budget"] == 1
+    assert (step["node"], step["config_to"], step["gpus"]) == ("m1", "all-7g.80gb", [0, 1])
+    assert len(step["serves"]) == 2
+    ((_, why),) = [(u["pod"], u["why"]) for u in first["plan"]["mig_unserved"]]
+    assert "within the 1 change(s) allowed" in why
+    assert [r["status"] for r in first["repartitions"]] == ["done"]
+    # The window is spent: the second pass plans none (two 7g pods now have free
+    # instances; the third still waits).
+    second = run_defrag(tmp_path, fake, "--apply", "--max-moves", "1", mig=MIG)
+    assert second["plan"]["made_in_window"] == 1 and second["plan"]["budget"] == 0
+    assert second["plan"]["repartitions"] == [] and second["repartitions"] == []
+    assert len(second["plan"]["mig_unserved"]) == 1
+    assert mig_manager.applied == [("m1", "all-7g.80gb")]
+    asked = [p for m, p in writes(fake) if m == "PATCH" and "/nodes/" in p]
+    assert len(asked) == 2  # the label, then the layout annotation: one node only
+    # The window has passed: the other node is repartitioned, one GPU of it enough.
+    journal = DecisionJournal(tmp_path / "state")
+    journal.save("defrag_window", [t - 7200 for t in journal.load("defrag_window", [])])
+    third = run_defrag(tmp_path, fake, "--apply", "--max-moves", "1", mig=MIG)
+    assert [(r["node"], r["config_to"], r["status"]) for r in third["repartitions"]] == [
+        ("m2", "half-7g", "done")
+    ]
+
+
+def test_a_dry_run_plans_repartitions_and_changes_nothing(tmp_path: Path, fake: FakeKube) -> None:
+    mig_manager = FakeMigManager(fake)
+    fake.create("nodes", mig_node_json("m1"))
+    fake.create("pods", mig_pod_json("big", "7g.80gb", None))
+    before = {kind: fake.objects(kind) for kind in ("nodes", "pods")}
+    out = run_defrag(tmp_path, fake, mig=MIG)
+    assert out["applied"] is False and out["repartitions"] == []
+    (step,) = out["plan"]["repartitions"]
+    assert step["node"] == "m1" and step["config_to"] in ("half-7g", "all-7g.80gb")
+    assert step["gpus"] == [0] or step["gpus"] == [1]  # one idle GPU is enough
+    assert {kind: fake.objects(kind) for kind in ("nodes", "pods")} == before
+    assert writes(fake) == [] and mig_manager.applied == []
+    journal = DecisionJournal(tmp_path / "state")
+    assert journal.load("defrag_window", []) == []
+    assert [a for a in journal.actions() if a.kind == "defrag_repartition"] == []
+    # Without the cluster's configs, the waiting pod is named with what it would take.
+    plain = run_defrag(tmp_path, fake)
+    assert plain["plan"]["repartitions"] == []
+    ((_, why),) = [(u["pod"], u["why"]) for u in plain["plan"]["mig_unserved"]]
+    assert "defrag.mig.configs" in why
+
+
+def test_a_failed_or_unfinished_repartition_is_reported_and_settled_later(
+    tmp_path: Path, fake: FakeKube
+) -> None:
+    from scaler.controller.defrag import Defragmenter
+    from scaler.controller.metrics import DefragMetrics
+
+    mig_manager = FakeMigManager(fake, at_once=False)
+    fake.create("nodes", mig_node_json("m1"))
+    fake.create("nodes", mig_node_json("m2"))
+    for name in ("big-a", "big-b", "big-c"):
+        fake.create("pods", mig_pod_json(name, "7g.80gb", None))
+    config = LiveConfig.model_validate(
+        config_dict(tmp_path, fake, mig=MIG | {"wait_s": 0}, max_moves=1)
+    )
+    assert config.kubernetes is not None
+    api = kube_client(config.kubernetes)
+    journal = DecisionJournal(config.state_dir)
+    # The MIG manager is slow: the pass stops waiting, the change stays journaled pending.
+    outcome = Defragmenter(config, api, journal).run(apply=True)
+    ((result,)) = outcome.repartitions
+    node = result.step.node
+    assert result.status == "requested" and "nvidia.com/mig.config.state=pending" in result.result
+    assert outcome.errors == [] and [a.target for a in journal.pending()] == [node]
+    metrics = DefragMetrics()
+    metrics.observe(outcome, at=1.0)
+    sample = metrics.registry.get_sample_value
+    assert sample("gpuscale_defrag_repartitions_total", {"status": "requested"}) == 1
+    assert sample("gpuscale_defrag_planned_repartitions", {}) == 1
+    assert sample("gpuscale_defrag_window_moves", {}) == 1
+    # The next pass settles it once the MIG manager has answered.
+    mig_manager.finish(node)
+    settled = Defragmenter(config, api, journal).run(apply=True).settled
+    assert settled and settled[0]["node"] == node and settled[0]["status"] == "done"
+    assert journal.pending() == []
+    annotations = fake.get("nodes", node)["metadata"]["annotations"]
+    assert annotations[KUBE_NAMES.mig_layout_annotation] == "0=7g.80gb;1=7g.80gb"
+    # A change the MIG manager fails (the third pod's, on the other node) is an error, and
+    # its node is left alone after.
+    journal.save("defrag_window", [])
+    mig_manager.answer, mig_manager.at_once = "failed", True
+    failed = run_defrag_failing(tmp_path, fake, mig=MIG, max_moves=1)
+    ((change,)) = failed["repartitions"]
+    assert change["status"] == "failed" and "failed to apply half-7g" in change["result"]
+    assert failed["errors"] == [change["result"]]
+    again = run_defrag(tmp_path, fake, mig=MIG, max_moves=1)
+    refused = {r["node"]: r["why"] for r in again["plan"]["mig_refused"]}
+    assert (
+        refused[change["node"]] == "its last MIG change failed (nvidia.com/mig.config.state=failed)"
+    )
+
+
+def run_defrag_failing(tmp_path: Path, fake: FakeKube, **defrag: Any) -> dict[str, Any]:
+    """`gpuscale defrag --apply` that must exit 1 (an action failed), its JSON."""
+    path = write_config(tmp_path / "live.yaml", config_dict(tmp_path, fake, **defrag))
+    result = CliRunner().invoke(app, ["defrag", "--config", str(path), "--json", "--apply"])
+    assert result.exit_code == 1, result.output
+    return json.loads(result.output.strip().splitlines()[-1])
+
+
+def test_a_config_does_to_a_node_what_mig_parted_would() -> None:
+    """Entries apply in order (the last selecting a GPU wins), a GPU already as asked is
+    skipped, an entry of another GPU family (device-filter) does not apply, and a config
+    that turns MIG on or off is no option."""
+    from scaler.cluster.mig import parse_layout
+    from scaler.cluster.mig_parted import MigConfigEntry, node_options, resolve
+
+    def entries(name: str) -> list[MigConfigEntry]:
+        return [MigConfigEntry.model_validate(e) for e in MIG_CONFIGS[name]]
+
+    layout = parse_layout(f"0={SEVEN_1G};1=7g.80gb", "80GB")
+    half = resolve("half-7g", entries("half-7g"), layout, whole=[])
+    assert half == "half-7g changes no MIG GPU of the node"
+    seven = resolve("all-7g.80gb", entries("all-7g.80gb"), layout, whole=[])
+    assert not isinstance(seven, str) and seven.gpus == (0,)
+    assert seven.layout.text() == "0=7g.80gb@0;1=7g.80gb@0"
+    balanced = resolve("all-balanced", entries("all-balanced"), layout, whole=[])
+    assert not isinstance(balanced, str) and balanced.gpus == (0, 1)  # the A100 entry only
+    assert balanced.layout.text().startswith("0=2g.20gb@0,1g.10gb@2,1g.10gb@3,3g.40gb@4;")
+    assert "turns MIG off on GPU 0" in str(resolve("all-disabled", entries("all-disabled"),
+                                                   layout, whole=[]))  # fmt: skip
+    # A mixed node (GPUs 0-5 whole, 6-7 MIG): `devices: all` would turn MIG on on GPU 0.
+    mixed = parse_layout(f"6={SEVEN_1G};7={SEVEN_1G}", "80GB")
+    assert "turns MIG on on GPU 0" in str(resolve("all-7g.80gb", entries("all-7g.80gb"),
+                                                  mixed, whole=range(6)))  # fmt: skip
+    configs = {name: entries(name) for name in MIG_CONFIGS}
+    assert [o.name for o in node_options(configs, layout, whole_gpus=0)] == [
+        "all-1g.10gb", "all-7g.80gb", "all-balanced"
+    ]  # fmt: skip
+    assert node_options(configs, mixed, whole_gpus=6) == []

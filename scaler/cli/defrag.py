@@ -1,4 +1,5 @@
-"""CLI command: `gpuscale defrag` (the bounded move plan, and with --apply the moves)."""
+"""CLI command: `gpuscale defrag` (the bounded move and repartition plan, and with --apply
+the moves and repartitions)."""
 
 from __future__ import annotations
 
@@ -27,7 +28,10 @@ def register(app: typer.Typer, bench: typer.Typer) -> None:
 def defrag(
     config: Annotated[Path, typer.Option("--config", envvar="GPUSCALE_CONFIG", help=CONFIG_HELP)],
     apply: Annotated[
-        bool, typer.Option("--apply", help="Evict the planned pods (PDBs respected).")
+        bool,
+        typer.Option(
+            "--apply", help="Evict the planned pods (PDBs respected) and ask the repartitions."
+        ),
     ] = False,
     goal: Annotated[
         Literal["nodes", "gpus"] | None,
@@ -61,13 +65,23 @@ def defrag(
     controller recreates, are moved. Prints every move with its reason, the idle GPUs per
     node before and after, and which pending pods and job-mix shapes then fit.
 
+    With defrag.mig.configs (the cluster's mig-parted configs), pending pods asking
+    nvidia.com/mig-<profile> that no free instance serves are served by repartitions too:
+    a node given another named config by the GPU operator's MIG manager, only where every
+    GPU the change clears runs no pod. Each is printed with the node, its GPUs, the config
+    and layout from and to, the reason and the pods it serves; repartitions and moves
+    share the --max-moves budget.
+
     Dry run by default: nothing in the cluster changes. With --apply, a node or GPU one of
     whose moves a PodDisruptionBudget refuses is skipped with the reason; the other moves
     are noted on their target nodes, so the extender steers each evicted pod's successor
-    there, and evicted through the Eviction API. Moves are journaled in decisions.sqlite.
+    there, and evicted through the Eviction API. A repartition sets the node's
+    nvidia.com/mig.config label once its pods, listed again, leave the GPUs idle, and the
+    pass waits up to defrag.mig.wait_s for nvidia.com/mig.config.state. Moves and
+    repartitions are journaled in decisions.sqlite.
 
     Exits 0 when the pass ran (moves a budget blocked included), 1 when the cluster could
-    not be read or an eviction failed.
+    not be read, an eviction failed or the MIG manager failed a repartition.
     """
     from predictor.foundation.errors import InputError
     from scaler.controller.config import load_live_config
@@ -143,6 +157,27 @@ def _report(outcome: DefragOutcome, as_json: bool) -> None:
             step.frees, step.reason,
         )  # fmt: skip
     console.print(moves)
+    if report.repartitions:
+        changes = Table(title=f"MIG repartitions: {len(report.repartitions)}")
+        for column in ("node", "GPUs", "config", "layout", "serves", "reason"):
+            changes.add_column(column)
+        for r in report.repartitions:
+            changes.add_row(
+                r.node,
+                ",".join(map(str, r.gpus)),
+                f"{r.config_before or '(none)'} -> {r.config}",
+                f"{_counted(r.layout_before)} -> {_counted(r.layout_after)}",
+                r.frees,
+                r.reason,
+            )
+        console.print(changes)
+    for refused in report.mig_refused:
+        console.print(
+            f"not repartitioned: {refused.node} ({refused.config}, would serve"
+            f" {', '.join(refused.would_serve)}): {refused.why}"
+        )
+    for pod, why in report.mig_unserved:
+        console.print(f"MIG pod left waiting: {pod}: {why}")
     if report.nodes:
         nodes = Table(title="what it frees, per node")
         for column in ("node", "idle GPUs", "free shares on partly used GPUs"):
@@ -176,7 +211,8 @@ def _report(outcome: DefragOutcome, as_json: bool) -> None:
     if report.budget == 0:
         console.print("[yellow]no move left in this window[/]")
     for entry in outcome.settled:
-        console.print(f"settled from a killed run: {entry['job']} {entry['status']}")
+        what = entry.get("job") or entry.get("node")
+        console.print(f"settled from an earlier run: {what} {entry['status']}: {entry['result']}")
     if outcome.results:
         results = Table(title="moves made")
         for column in ("pod", "status", "result"):
@@ -184,5 +220,24 @@ def _report(outcome: DefragOutcome, as_json: bool) -> None:
         for r in outcome.results:
             results.add_row(r.step.job, r.status, r.result)
         console.print(results)
+    if outcome.repartitions:
+        asked = Table(title="repartitions asked")
+        for column in ("node", "config", "status", "result"):
+            asked.add_column(column)
+        for change in outcome.repartitions:
+            asked.add_row(change.step.node, change.step.config, change.status, change.result)
+        console.print(asked)
     for error in outcome.errors:
         console.print(f"[red]error[/]: {error}")
+
+
+def _counted(layout: str) -> str:
+    """`1=1g.10gb@0,1g.10gb@1` as `GPU 1: 1g.10gb x2`: what people compare."""
+    gpus = []
+    for part in filter(None, layout.split(";")):
+        gpu, _, rest = part.partition("=")
+        names = [item.partition("@")[0] for item in rest.split(",") if item]
+        counts = {n: names.count(n) for n in dict.fromkeys(names)}
+        listed = ", ".join(f"{n} x{c}" for n, c in counts.items()) or "none"
+        gpus.append(f"GPU {gpu}: {listed}")
+    return "; ".join(gpus)

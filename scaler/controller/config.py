@@ -50,6 +50,7 @@ from scaler.cluster.mig import layout_of
 from scaler.cluster.pools import NodePool
 from scaler.cluster.topology import parse_gpu_domains
 from scaler.kube.capacity_buffers import BufferSettings
+from scaler.kube.mig_manager import MigManagerSettings
 from scaler.kube.placeholders import PlaceholderSettings
 from scaler.placement.mix import WorkloadMix
 from scaler.planning.planner import PlannerPolicy
@@ -372,7 +373,9 @@ class DefragSection(_Section):
     goal: Literal["nodes", "gpus"] = Field(
         default="nodes", description="empty whole nodes, or whole GPUs of shared ones"
     )
-    max_moves: int = Field(default=10, ge=0, description="evictions per window, at most")
+    max_moves: int = Field(
+        default=10, ge=0, description="evictions and MIG repartitions per window, at most"
+    )
     window_s: float = Field(default=3600.0, gt=0, description="the window max_moves counts in")
     priority_classes: tuple[str, ...] = Field(
         default=(),
@@ -387,6 +390,10 @@ class DefragSection(_Section):
         ge=0,
         description="while the planned node cannot take the successor yet (the evicted pod"
         " still terminating), the extender keeps it pending this long",
+    )
+    mig: MigManagerSettings = Field(
+        default_factory=MigManagerSettings,
+        description="repartitioning idle MIG GPUs through the GPU operator's MIG manager",
     )
 
 

@@ -27,6 +27,23 @@ One pass (`Defragmenter.run`):
    moves not carried out are taken off their target nodes.
 
 The evicted pods' successors are steered by the extender (`scaler.service.steering`).
+
+Repartitions (MIG): pending pods asking `nvidia.com/mig-<profile>` that no free instance
+serves may be served by partitioning idle MIG GPUs anew. The cluster's mig-parted configs
+(`defrag.mig.configs`, as the GPU operator's MIG manager has them) say which layouts a
+node can be given, by name (`scaler.cluster.mig_parted`); `plan_named_repartition` picks,
+with the budget the moves left, the configs that serve the most of those pods while
+clearing only GPUs no pod uses. A node is left as it is when the MIG manager does not
+manage it (no `nvidia.com/mig.config` label), when a change is under way there or its last
+one failed (`nvidia.com/mig.config.state`), when a move of this plan leaves or lands there
+or moves planned earlier are on their way (their GPU indices are its instances now), and a
+GPU when a pod may hold one of its instances: recorded by our bind, or, for a pod bound
+without the extender, any instance of its profile. With `apply`, each repartition is
+counted in the window and journaled pending, the node's pods are listed again and the
+change asked only if its GPUs are still idle (`scaler.kube.mig_manager`: the config label
+set, the state `pending`); the pass then waits up to `defrag.mig.wait_s` for `success`
+(gpuscale's layout annotation, where the node has one, is rewritten) or `failed`; a change
+still under way is settled by a later pass.
 """
 
 from __future__ import annotations
@@ -35,7 +52,7 @@ import contextlib
 import socket
 import time
 from collections.abc import Callable, Iterable, Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 import numpy as np
@@ -43,20 +60,42 @@ from kubernetes import client as k8s
 
 from predictor.telemetry.kube_objects import KubeNames, PodRequest
 from scaler.cluster.job import WHOLE_GPU_MILLI, Job
+from scaler.cluster.mig_parted import MigOption, node_options
 from scaler.cluster.predicates import feasible
 from scaler.cluster.snapshot import ClusterState
 from scaler.controller.config import DefragSection, LiveConfig, kube_names, mix_jobs, workload_mix
-from scaler.controller.journal import DecisionJournal
+from scaler.controller.journal import ActionStatus, DecisionJournal
 from scaler.kube.errors import KubeError
 from scaler.kube.evictions import request_eviction
+from scaler.kube.mig_manager import (
+    CONFIG_LABEL,
+    FAILED,
+    STATE_LABEL,
+    SUCCESS,
+    MigManagedNode,
+    gpus_in_use,
+    layout_annotation,
+    managed_nodes,
+    node_pods,
+    read_managed,
+    request_config,
+    write_layout,
+)
 from scaler.kube.moves import PlannedMove, set_moves, shape_of
 from scaler.kube.observed import ObserveCluster, ObservedCluster, observe_cluster
 from scaler.placement import make_policy
 from scaler.placement.defrag import DefragPlan, Goal, Move, apply_plan, plan_defrag
 from scaler.placement.policies.base import Policy
+from scaler.placement.repartition import (
+    NamedRepartitionPlan,
+    RefusedRepartition,
+    apply_repartition,
+    plan_named_repartition,
+)
 
-WINDOW_KEY = "defrag_window"  # journal state: Unix times of the evictions asked
+WINDOW_KEY = "defrag_window"  # journal state: Unix times of the evictions, repartitions asked
 ACTION = "defrag_move"
+REPARTITION = "defrag_repartition"  # journal: a node given another mig-parted config
 REPLANS = 3  # plans made again around pods whose eviction a dry run refused
 REFUSED = "its eviction was refused (a PodDisruptionBudget)"
 
@@ -106,6 +145,35 @@ class PlannedStep:
 
 
 @dataclass(frozen=True)
+class RepartitionStep:
+    """One node given another mig-parted config, as people read it. Layouts name only the
+    GPUs that change (`1=3g.40gb@0,3g.40gb@4`)."""
+
+    node: str
+    config_before: str  # the config its label names now
+    config: str
+    gpus: tuple[int, ...]
+    layout_before: str
+    layout_after: str
+    serves: tuple[str, ...]  # the pending pods its new instances take
+    frees: str
+    reason: str
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "node": self.node,
+            "config_from": self.config_before,
+            "config_to": self.config,
+            "gpus": list(self.gpus),
+            "layout_from": self.layout_before,
+            "layout_to": self.layout_after,
+            "serves": list(self.serves),
+            "frees": self.frees,
+            "reason": self.reason,
+        }
+
+
+@dataclass(frozen=True)
 class NodeGain:
     node: str
     idle_gpus_before: int
@@ -141,6 +209,9 @@ class DefragReport:
     idle_nodes_after: int = 0
     largest_idle_before: int = 0  # the most idle GPUs on one node
     largest_idle_after: int = 0
+    repartitions: tuple[RepartitionStep, ...] = ()
+    mig_unserved: tuple[tuple[str, str], ...] = ()  # pending MIG pod, why nothing serves it
+    mig_refused: tuple[RefusedRepartition, ...] = ()  # would serve pods, refused: why
 
     @property
     def budget(self) -> int:
@@ -166,6 +237,17 @@ class DefragReport:
                 "before": self.largest_idle_before,
                 "after": self.largest_idle_after,
             },
+            "repartitions": [r.to_dict() for r in self.repartitions],
+            "mig_unserved": [{"pod": pod, "why": why} for pod, why in self.mig_unserved],
+            "mig_refused": [
+                {
+                    "node": r.node,
+                    "config": r.config,
+                    "why": r.why,
+                    "would_serve": list(r.would_serve),
+                }
+                for r in self.mig_refused
+            ],
         }
 
 
@@ -188,9 +270,11 @@ def plan_report(
     mix: Sequence[Job] = (),
     made_in_window: int = 0,
     refused: Mapping[str, str] | None = None,
+    mig_nodes: Mapping[str, MigManagedNode] | None = None,
 ) -> DefragReport:
     """The plan for `observed` within the window's budget, and what it frees. `refused`:
-    pods whose eviction was refused in a dry run (job id -> why), left in place."""
+    pods whose eviction was refused in a dry run (job id -> why), left in place;
+    `mig_nodes`: the nodes the MIG manager manages, as their labels say."""
     state = observed.state
     refused = refused or {}
     unmovable: dict[str, int] = {}
@@ -212,6 +296,8 @@ def plan_report(
     after = state.copy()
     apply_plan(after, plan)
     steps = _steps(state, plan, observed.bound_pods, policy.name)
+    mig = _plan_mig(observed, policy, settings, plan, mig_nodes or {}, budget - len(plan.moves))
+    apply_repartition(after, mig.by_gpu())  # on nodes no move touches: see _blocked
     return DefragReport(
         goal=settings.goal,
         max_moves=settings.max_moves,
@@ -225,7 +311,104 @@ def plan_report(
         unmovable=unmovable,
         **_idle("before", state),
         **_idle("after", after),
+        repartitions=_repartition_steps(mig, observed.real_pending, mig_nodes or {}),
+        mig_unserved=mig.unserved,
+        mig_refused=mig.refused,
     )
+
+
+def _plan_mig(
+    observed: ObservedCluster,
+    policy: Policy,
+    settings: DefragSection,
+    plan: DefragPlan,
+    mig_nodes: Mapping[str, MigManagedNode],
+    budget: int,
+) -> NamedRepartitionPlan:
+    """The repartitions of the pass: the pending MIG pods no free instance serves, and
+    the named configs that serve them (see the module docstring)."""
+    state = observed.state
+    assert state is not None
+    configs = settings.mig.configs
+    options: dict[str, list[MigOption]] = {}
+    busy: dict[str, dict[int, str]] = {}
+    if configs:
+        on_node: dict[str, list[PodRequest]] = {}
+        for pod in observed.bound_pods.values():
+            if pod.mig and pod.node is not None:
+                on_node.setdefault(pod.node, []).append(pod)
+        for n, layout in state.mig.items():
+            name = state.names[n]
+            options[name] = node_options(configs, layout, int(state.gpu_count[n]))
+            busy[name] = gpus_in_use(layout, on_node.get(name, ()))
+    blocked = _blocked(observed, plan, mig_nodes, options)
+    mig = plan_named_repartition(
+        state, observed.real_pending, policy, options, max(budget, 0), blocked, busy
+    )
+    if not configs and mig.unserved:
+        why = "repartitioning takes the cluster's mig-parted configs (defrag.mig.configs)"
+        unserved = tuple(
+            (job, f"no free instance of its profile; {why}") for job, _ in mig.unserved
+        )
+        mig = replace(mig, unserved=unserved)
+    return mig
+
+
+def _blocked(
+    observed: ObservedCluster,
+    plan: DefragPlan,
+    mig_nodes: Mapping[str, MigManagedNode],
+    options: Mapping[str, Sequence[MigOption]],
+) -> dict[str, str]:
+    """The MIG nodes a repartition must leave as they are, and why."""
+    touched = {m.source for m in plan.moves} | {m.target for m in plan.moves}
+    blocked: dict[str, str] = {}
+    for name in options:
+        managed = mig_nodes.get(name)
+        if managed is None:
+            blocked[name] = (
+                f"not managed by the GPU operator's MIG manager (no {CONFIG_LABEL} label)"
+            )
+        elif managed.under_way:
+            blocked[name] = f"a MIG change is under way ({STATE_LABEL}={managed.state})"
+        elif managed.state == FAILED:
+            blocked[name] = f"its last MIG change failed ({STATE_LABEL}={FAILED})"
+        elif name in touched:
+            blocked[name] = "a move of this plan leaves or lands there"
+        elif observed.moves.get(name):
+            blocked[name] = "moves planned earlier are on their way there (onto its instances)"
+    return blocked
+
+
+def _repartition_steps(
+    mig: NamedRepartitionPlan, pending: Sequence[Job], mig_nodes: Mapping[str, MigManagedNode]
+) -> tuple[RepartitionStep, ...]:
+    jobs = {j.id: j for j in pending}
+    steps = []
+    for named in mig.changes:
+        gpus = tuple(c.gpu for c in named.changes)
+        serves = named.serves
+        asked = sorted({f"{jobs[j].mig_count} x {jobs[j].mig_profile}" for j in serves})
+        before = mig_nodes[named.node].config if named.node in mig_nodes else ""
+        on = ", ".join(map(str, gpus))
+        steps.append(
+            RepartitionStep(
+                node=named.node,
+                config_before=before,
+                config=named.config,
+                gpus=gpus,
+                layout_before=";".join(f"{c.gpu}={c.before}" for c in named.changes),
+                layout_after=";".join(f"{c.gpu}={c.after}" for c in named.changes),
+                serves=serves,
+                frees=f"{'; '.join(asked)} for {', '.join(serves)}",
+                reason=(
+                    f"{len(serves)} pending pod(s) ask {', '.join(asked)} that no free instance"
+                    f" serves; GPU(s) {on} of {named.node} run no pod, so the MIG manager may"
+                    f" clear them: {before or '(none)'} -> {named.config}"
+                ),
+            )
+        )
+    return tuple(steps)
 
 
 def _steps(
@@ -284,7 +467,9 @@ def _node_gains(before: ClusterState, after: ClusterState) -> tuple[NodeGain, ..
 
 
 def _shape_label(job: Job) -> str:
-    if job.num_gpu == 0:
+    if job.mig_profile is not None:
+        gpus = f"{job.mig_count} x MIG {job.mig_profile}"
+    elif job.num_gpu == 0:
         gpus = "no GPU"
     elif job.is_sharing:
         gpus = f"{job.gpu_milli / WHOLE_GPU_MILLI:g} of a GPU"
@@ -334,12 +519,30 @@ class MoveResult:
         return self.step.to_dict() | {"status": self.status, "result": self.result}
 
 
+@dataclass(frozen=True)
+class RepartitionResult:
+    step: RepartitionStep
+    # done (the MIG manager applied it), requested (still under way when the pass stopped
+    # waiting), blocked (a pod holds one of its GPUs now: not asked), superseded, failed
+    status: str
+    result: str
+    asked: bool = True  # the MIG manager was asked: it holds its place in the window
+
+    def to_dict(self) -> dict[str, Any]:
+        return self.step.to_dict() | {
+            "status": self.status,
+            "result": self.result,
+            "asked": self.asked,
+        }
+
+
 @dataclass
 class DefragOutcome:
     report: DefragReport
     applied: bool
     decision_id: int
     results: list[MoveResult] = field(default_factory=list)
+    repartitions: list[RepartitionResult] = field(default_factory=list)
     settled: list[dict[str, Any]] = field(default_factory=list)  # from a killed run
     errors: list[str] = field(default_factory=list)
 
@@ -349,12 +552,18 @@ class DefragOutcome:
             "applied": self.applied,
             "plan": self.report.to_dict(),
             "results": [r.to_dict() for r in self.results],
+            "repartitions": [r.to_dict() for r in self.repartitions],
             "settled": self.settled,
             "errors": self.errors,
         }
 
     def count(self, status: str) -> int:
         return sum(r.status == status for r in self.results)
+
+    def window_used(self) -> int:
+        """What this pass added to the window: the evictions made and the repartitions
+        asked (a change under way holds its place in the window too)."""
+        return self.count("done") + sum(r.asked for r in self.repartitions)
 
 
 class Defragmenter:
@@ -389,13 +598,14 @@ class Defragmenter:
         settings = settings or self.config.defrag
         settled = self._settle() if apply else []
         observed = self.observe(self.api, self.names)
+        mig_nodes = self._mig_nodes(observed, settings)
         now = self.clock()
         made = len(self._window(now, settings.window_s))
         refused: dict[str, tuple[PlannedStep, str]] = {}  # job -> its refused step, why
         for attempt in range(REPLANS + 1):
             reasons = {job: why for job, (_, why) in refused.items()}
             report = plan_report(
-                observed, self.policy, settings, self.names, self.mix, made, reasons
+                observed, self.policy, settings, self.names, self.mix, made, reasons, mig_nodes
             )
             asked = self._ask(report, observed) if apply else {}
             if not asked or attempt == REPLANS:
@@ -407,6 +617,7 @@ class Defragmenter:
             "nodes": len(observed.nodes),
             "pending": len(observed.real_pending),
             "made_in_window": made,
+            "mig_managed_nodes": len(mig_nodes),
         }
         decision_id = self.journal.record(self.identity, apply, inputs, report.to_dict())
         outcome = DefragOutcome(report, apply, decision_id, settled=settled)
@@ -417,6 +628,7 @@ class Defragmenter:
             for step, why in refused.values():
                 outcome.results.append(self._journal_refusal(decision_id, step, why, observed))
             self._apply(observed, report, asked, settings, outcome)
+            self._repartition(observed, report, settings, outcome)
         finally:
             self.journal.finish(decision_id, outcome.to_dict() | {"plan": None})
         return outcome
@@ -540,6 +752,124 @@ class Defragmenter:
         self.journal.complete(action, "blocked", result.result)
         return result
 
+    # ---- repartitioning ----------------------------------------------------------------
+    def _mig_nodes(
+        self, observed: ObservedCluster, settings: DefragSection
+    ) -> dict[str, MigManagedNode]:
+        """The MIG manager's nodes, read only where a repartition could be planned."""
+        if not settings.mig.configs or observed.state is None or not observed.state.mig:
+            return {}
+        return managed_nodes(self.api, self.names)
+
+    def _repartition(
+        self,
+        observed: ObservedCluster,
+        report: DefragReport,
+        settings: DefragSection,
+        outcome: DefragOutcome,
+    ) -> None:
+        """Ask the MIG manager for the plan's repartitions whose GPUs are still idle, then
+        wait for its answers (see the module docstring)."""
+        state = observed.state
+        asked: list[tuple[RepartitionStep, int]] = []
+        for step in report.repartitions:
+            assert state is not None
+            at = self.clock()
+            self.journal.save(WINDOW_KEY, [*self.journal.load(WINDOW_KEY, []), at])
+            node = observed.nodes.get(step.node)
+            pool = (node.pool if node else None) or ""
+            action = self.journal.begin(
+                outcome.decision_id, pool, REPARTITION, step.node, step.to_dict()
+            )
+            layout = state.mig[state.node_index(step.node)]
+            try:
+                in_use = gpus_in_use(layout, node_pods(self.api, step.node, self.names))
+                hit = next((in_use[g] for g in step.gpus if g in in_use), None)
+                if hit is None:
+                    request_config(self.api, step.node, step.config)
+            except KubeError as exc:
+                self._uncount(at)
+                self.journal.complete(action, "failed", str(exc))
+                outcome.repartitions.append(RepartitionResult(step, "failed", str(exc), False))
+                outcome.errors.append(str(exc))
+                continue
+            if hit is not None:
+                self._uncount(at)
+                why = f"not asked: {hit} (the node's pods listed again just before)"
+                self.journal.complete(action, "blocked", why)
+                outcome.repartitions.append(RepartitionResult(step, "blocked", why, False))
+                continue
+            asked.append((step, action))
+        self._await(asked, settings, outcome)
+
+    def _await(
+        self,
+        asked: Sequence[tuple[RepartitionStep, int]],
+        settings: DefragSection,
+        outcome: DefragOutcome,
+    ) -> None:
+        """Read the asked nodes' state until each is settled or `defrag.mig.wait_s` ends."""
+        deadline = self.clock() + settings.mig.wait_s
+        waiting = list(asked)
+        seen: dict[str, str] = {}
+        while waiting:
+            still = []
+            for step, action in waiting:
+                try:
+                    node = read_managed(self.api, step.node, self.names)
+                except KubeError as exc:
+                    seen[step.node] = str(exc)
+                    still.append((step, action))
+                    continue
+                seen[step.node] = f"{STATE_LABEL}={node.state or '(none)'}"
+                concluded = self._conclude(step.config, step.layout_after, node)
+                if concluded is None:
+                    still.append((step, action))
+                    continue
+                status, why = concluded
+                self.journal.complete(action, status, why)
+                outcome.repartitions.append(RepartitionResult(step, status, why))
+                if status == "failed":
+                    outcome.errors.append(why)
+            waiting = still
+            if not waiting or self.clock() >= deadline:
+                break
+            self.sleep(settings.mig.poll_s)
+        for step, _ in waiting:  # journaled pending: a later pass settles them
+            why = (
+                f"asked; after {settings.mig.wait_s:g} s the node shows {seen.get(step.node)}:"
+                " a later pass settles it"
+            )
+            outcome.repartitions.append(RepartitionResult(step, "requested", why))
+
+    def _conclude(
+        self, config: str, layout_after: str, node: MigManagedNode
+    ) -> tuple[ActionStatus, str] | None:
+        """How a repartition to `config` stands on `node` (status, why); None while the MIG
+        manager is still at it. On success the layout annotation, if any, follows."""
+        if node.config != config:
+            return "superseded", f"the node's {CONFIG_LABEL} is {node.config or '(none)'} now"
+        if node.state == FAILED:
+            return "failed", (
+                f"the MIG manager failed to apply {config} on {node.name} ({STATE_LABEL}="
+                f"{FAILED}; its log says why): the node is left out of later plans until fixed"
+            )
+        if node.state != SUCCESS:
+            return None
+        why = f"the MIG manager applied {config}: {layout_after}"
+        if node.layout_annotation is not None:
+            changed = {
+                int(gpu): [item.partition("@")[0] for item in rest.split(",") if item]
+                for gpu, _, rest in (part.partition("=") for part in layout_after.split(";"))
+            }
+            try:
+                text = layout_annotation(node.layout_annotation, changed)
+                if text != node.layout_annotation:
+                    write_layout(self.api, node.name, text, self.names)
+            except (KubeError, ValueError) as exc:
+                why += f" (its layout annotation is not rewritten: {exc})"
+        return "done", why
+
     # ---- the window and the journal -------------------------------------------------------
     def _window(self, now: float, window_s: float) -> list[float]:
         made = [t for t in self.journal.load(WINDOW_KEY, []) if t > now - window_s]
@@ -552,20 +882,32 @@ class Defragmenter:
             self.journal.save(WINDOW_KEY, made)
 
     def _settle(self) -> list[dict[str, Any]]:
-        """Moves a killed run left pending: done when the pod has gone, else superseded."""
-        pending = [a for a in self.journal.pending() if a.kind == ACTION]
-        if not pending:
-            return []
-        observed = self.observe(self.api, self.names)
-        present = set(observed.bound_pods) | {j.id for j in observed.pending}
+        """Moves a killed run left pending: done when the pod has gone, else superseded.
+        Repartitions an earlier pass asked: as the MIG manager reports them now (still
+        under way: left pending)."""
+        pending = self.journal.pending()
+        moves = [a for a in pending if a.kind == ACTION]
         settled = []
-        for action in pending:
-            if action.target in present:
-                status, why = "superseded", "interrupted by a restart; re-planned"
-            else:
-                status, why = "done", "the pod was gone after a restart"
-            self.journal.complete(action.id, status, why)
-            settled.append({"job": action.target, "status": status, "result": why})
+        if moves:
+            observed = self.observe(self.api, self.names)
+            present = set(observed.bound_pods) | {j.id for j in observed.pending}
+            for action in moves:
+                if action.target in present:
+                    status, why = "superseded", "interrupted by a restart; re-planned"
+                else:
+                    status, why = "done", "the pod was gone after a restart"
+                self.journal.complete(action.id, status, why)
+                settled.append({"job": action.target, "status": status, "result": why})
+        for action in (a for a in pending if a.kind == REPARTITION):
+            try:
+                node = read_managed(self.api, action.target, self.names)
+            except KubeError:
+                continue  # read again by the next pass
+            concluded = self._conclude(action.params["config_to"], action.params["layout_to"], node)
+            if concluded is not None:
+                status, why = concluded
+                self.journal.complete(action.id, status, why)
+                settled.append({"node": action.target, "status": status, "result": why})
         return settled
 
 

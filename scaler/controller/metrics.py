@@ -146,6 +146,19 @@ class DefragMetrics:
         self.planned = Gauge(
             "gpuscale_defrag_planned_moves", "Moves the last pass planned", registry=r
         )
+        self.repartitions = Counter(
+            "gpuscale_defrag_repartitions",
+            "MIG repartitions asked of the GPU operator's MIG manager, by status (done;"
+            " requested: still under way when the pass stopped waiting; blocked: a pod held"
+            " one of its GPUs; superseded; failed)",
+            ["status"],
+            registry=r,
+        )
+        self.planned_repartitions = Gauge(
+            "gpuscale_defrag_planned_repartitions",
+            "MIG repartitions the last pass planned",
+            registry=r,
+        )
         self.idle = Gauge(
             "gpuscale_defrag_idle_gpus",
             "Idle GPUs in the cluster as the last pass found them (now) and as its plan leaves"
@@ -155,7 +168,7 @@ class DefragMetrics:
         )
         self.window = Gauge(
             "gpuscale_defrag_window_moves",
-            "Moves made in the current window (at most defrag.max_moves)",
+            "Moves made and repartitions asked in the current window (at most defrag.max_moves)",
             registry=r,
         )
         self.last_run = Gauge(
@@ -172,10 +185,13 @@ class DefragMetrics:
         self.runs.labels("move_failed" if outcome.errors else "ok").inc()
         for result in outcome.results:
             self.moves.labels(result.status).inc()
+        for change in outcome.repartitions:
+            self.repartitions.labels(change.status).inc()
         self.planned.set(len(report.steps))
+        self.planned_repartitions.set(len(report.repartitions))
         self.idle.labels("now").set(report.idle_gpus_before)
         self.idle.labels("planned").set(report.idle_gpus_after)
-        self.window.set(report.made_in_window + outcome.count("done"))
+        self.window.set(report.made_in_window + outcome.window_used())
         self.last_run.set(at)
 
     def serve(self, port: int, addr: str = "0.0.0.0") -> Callable[[], None]:  # nosec B104

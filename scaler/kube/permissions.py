@@ -31,8 +31,9 @@ class Permission:
 
 API_CALLS: dict[str, Permission] = {
     "list_node": Permission("", "nodes", "list"),
-    "read_node": Permission("", "nodes", "get"),
-    "patch_node": Permission("", "nodes", "patch"),  # cordon, uncordon; defrag's move notes
+    "read_node": Permission("", "nodes", "get"),  # drain; defrag: the MIG manager's state
+    # cordon, uncordon; defrag: its move notes, the MIG config label, the MIG layout note
+    "patch_node": Permission("", "nodes", "patch"),
     "list_pod_for_all_namespaces": Permission("", "pods", "list"),
     "read_namespaced_pod": Permission("", "pods", "get"),  # extender bind: the pod's requests
     "patch_namespaced_pod": Permission("", "pods", "patch"),  # extender bind: GPU annotation
@@ -108,8 +109,9 @@ def permissions_of(module: str, method: str) -> tuple[Permission, ...]:
 # The modules whose API calls each deployed component makes. The scaler pod runs the
 # reconcile loop and, beside it, a collector reading demand from the API server (informers:
 # list + watch); `gpuscale defrag` runs with the scaler's account (evictions, the move
-# notes on nodes). The service lists the cluster for placement, binds for kube-scheduler
-# and observes the fleet for /v1/plan. The node collector (NVML) talks to no API server.
+# notes on nodes, the MIG manager's node labels). The service lists the cluster for
+# placement, binds for kube-scheduler and observes the fleet for /v1/plan. The node
+# collector (NVML) talks to no API server.
 COMPONENT_MODULES: dict[str, tuple[str, ...]] = {
     "scaler": (
         "scaler/controller/leader.py",
@@ -118,6 +120,7 @@ COMPONENT_MODULES: dict[str, tuple[str, ...]] = {
         "scaler/kube/observed.py",
         "scaler/kube/moves.py",
         "scaler/kube/evictions.py",
+        "scaler/kube/mig_manager.py",
         "scaler/kube/capacity_buffers.py",
         "scaler/providers/karpenter.py",
         "scaler/providers/autoscaler.py",

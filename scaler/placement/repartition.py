@@ -17,17 +17,32 @@ uses may be repartitioned, so no running job is touched). The plan, on a scratch
 
 `apply_repartition` applies the plan's layouts to a state (what the engine sees once
 mig-manager has applied them); the jobs are then placed as any job is.
+
+A cluster cannot be given any layout, though: the GPU operator's MIG manager applies the
+named configs of its mig-parted file, a whole node at a time (`scaler.cluster.mig_parted`).
+`plan_named_repartition` plans with those (what `gpuscale defrag` applies):
+
+1. the pending MIG jobs, largest first, take the free instances there are;
+2. for those left, each node's options (the configs that change some of its MIG GPUs and
+   nothing else) are tried where every GPU an option clears is idle (no job on any of its
+   instances: mig-parted destroys them all) and the node is not left alone for a reason
+   the caller gives (`blocked`, `busy`); the option that serves the most slices of the
+   jobs left wins, ties to the one clearing fewest GPUs, then by node and config name; its
+   jobs are bound on the new instances and the next is chosen, at most `max_nodes`;
+3. options that would have served jobs but are refused (a GPU in use, a node left alone)
+   are listed with the reason, the best per node, beside the jobs nothing serves.
 """
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
 import numpy as np
 
 from scaler.cluster.job import Job
 from scaler.cluster.mig import MigInstance, MigLayout, mask_of, pack, profiles
+from scaler.cluster.mig_parted import MigOption
 from scaler.cluster.predicates import admits
 from scaler.cluster.snapshot import ClusterState
 from scaler.placement.decision import Placement
@@ -214,3 +229,204 @@ def _slices(state: ClusterState, job: Job) -> int:
         if str(job.mig_profile) in profiles(layout.family)
     ]
     return max(sizes, default=0) * job.mig_count
+
+
+# ---- named configs: what the GPU operator's MIG manager applies --------------------------
+@dataclass(frozen=True, slots=True)
+class NamedRepartition:
+    """Node `node` given the named config `config`: each GPU it changes, from what to what,
+    with the pending jobs the new instances serve."""
+
+    node: str
+    config: str
+    changes: tuple[Repartition, ...]
+
+    @property
+    def serves(self) -> tuple[str, ...]:
+        return tuple(job for change in self.changes for job in change.serves)
+
+
+@dataclass(frozen=True, slots=True)
+class RefusedRepartition:
+    """A config that would serve `would_serve` on `node`, refused: `why`."""
+
+    node: str
+    config: str
+    why: str
+    would_serve: tuple[str, ...]
+
+
+@dataclass(frozen=True, slots=True)
+class NamedRepartitionPlan:
+    changes: tuple[NamedRepartition, ...]
+    fit_now: tuple[str, ...]  # pending MIG jobs the free instances serve without a change
+    unserved: tuple[tuple[str, str], ...]  # (job, why no change serves it)
+    refused: tuple[RefusedRepartition, ...]
+
+    def by_gpu(self) -> RepartitionPlan:
+        """The same changes GPU by GPU, as `apply_repartition` takes them."""
+        changes = tuple(c for named in self.changes for c in named.changes)
+        return RepartitionPlan(changes, self.fit_now, self.unserved)
+
+
+def plan_named_repartition(
+    state: ClusterState,
+    pending: Sequence[Job],
+    policy: Policy,
+    options: Mapping[str, Sequence[MigOption]],
+    max_nodes: int,
+    blocked: Mapping[str, str] | None = None,
+    busy: Mapping[str, Mapping[int, str]] | None = None,
+) -> NamedRepartitionPlan:
+    """The plan for the pending MIG jobs with the named `options` per node (see the module
+    docstring). `blocked`: nodes to leave as they are (node -> why); `busy`: GPUs that may
+    hold a job the state does not show (node -> GPU -> why)."""
+    blocked = blocked or {}
+    busy = busy or {}
+    scratch = state.copy()
+    jobs = [j for j in pending if j.mig_profile is not None and j.problem() is None]
+    jobs.sort(key=lambda j: (-_slices(scratch, j), j.id))
+    fit_now: list[str] = []
+    left: list[Job] = []
+    for job in jobs:
+        decided = place(scratch, job, policy)
+        if isinstance(decided, Placement):
+            scratch.bind(job, decided.node_index, decided.gpus)
+            fit_now.append(job.id)
+        else:
+            left.append(job)
+    changes: list[NamedRepartition] = []
+    while left and len(changes) < max_nodes:
+        done = {c.node for c in changes}
+        best: tuple[tuple[int, int, str, str], int, MigOption, ClusterState, list[Job]] | None
+        best = None
+        for name in sorted(set(options) - set(blocked) - done):
+            node = scratch.node_index(name)
+            for option in options[name]:
+                if _in_use(scratch, node, option, busy.get(name, {})) is not None:
+                    continue
+                trial, served = _serve(scratch, node, option, left, policy)
+                if not served:
+                    continue
+                gain = sum(_slices(scratch, j) for j in served)
+                key = (-gain, len(option.gpus), name, option.name)
+                if best is None or key < best[0]:
+                    best = (key, node, option, trial, served)
+        if best is None:
+            break
+        _, node, option, trial, served = best
+        changes.append(_named(scratch, trial, node, option, served))
+        scratch = trial
+        taken = {j.id for j in served}
+        left = [j for j in left if j.id not in taken]
+    refused = _refused(state, scratch, policy, options, left, changes, blocked, busy)
+    spent = "" if len(changes) < max_nodes else f" within the {max_nodes} change(s) allowed"
+    unserved = tuple(
+        (
+            job.id,
+            f"no free {job.mig_profile} instance, and no named MIG config gives one on idle"
+            f" GPUs of a node that admits it{spent}",
+        )
+        for job in left
+    )
+    return NamedRepartitionPlan(tuple(changes), tuple(fit_now), unserved, refused)
+
+
+def _in_use(
+    state: ClusterState, node: int, option: MigOption, busy: Mapping[int, str]
+) -> str | None:
+    """Why `option` may not clear its GPUs on `node` (None: every one of them is idle)."""
+    clears = f", which {option.name} clears (only GPUs no pod uses are repartitioned)"
+    for gpu in option.gpus:
+        if gpu in busy:
+            return busy[gpu] + clears
+    layout = state.mig[node]
+    for job_id in sorted(state.node_jobs[node]):
+        allocation = state.jobs[job_id]
+        if allocation.job.mig_profile is None:
+            continue
+        for k in allocation.gpus:
+            inst = layout.instances[k]
+            if inst.gpu in option.gpus:
+                return f"{job_id} runs on {inst.text} of GPU {inst.gpu}{clears}"
+    return None
+
+
+def _serve(
+    state: ClusterState,
+    node: int,
+    option: MigOption,
+    jobs: Sequence[Job],
+    policy: Policy,
+    release: bool = False,
+) -> tuple[ClusterState, list[Job]]:
+    """A copy of `state` with `node` given `option` and the `jobs` its new instances take
+    bound there (with `release`, the jobs on the GPUs it clears let go first: what it would
+    serve were they idle)."""
+    offered = {inst.profile for inst in option.layout.instances}
+    if not any(str(j.mig_profile) in offered for j in jobs):
+        return state, []
+    trial = state.copy()
+    if release:
+        layout = trial.mig[node]
+        for job_id in sorted(trial.node_jobs[node]):
+            held = trial.jobs[job_id]
+            on = {layout.instances[k].gpu for k in held.gpus} if held.job.mig_profile else set()
+            if on & set(option.gpus):
+                trial.release(job_id)
+    trial.set_mig_layout(node, option.layout)
+    among = np.array([node])
+    served = []
+    for job in jobs:
+        decided = place(trial, job, policy, among)
+        if isinstance(decided, Placement):
+            trial.bind(job, node, decided.gpus)
+            served.append(job)
+    return trial, served
+
+
+def _named(
+    before: ClusterState, after: ClusterState, node: int, option: MigOption, served: list[Job]
+) -> NamedRepartition:
+    old, new = before.mig[node], after.mig[node]
+    changes = []
+    for gpu in option.gpus:
+        serves = tuple(
+            j.id for j in served if any(new.instances[k].gpu == gpu for k in after.jobs[j.id].gpus)
+        )
+        name = before.names[node]
+        changes.append(Repartition(name, gpu, _gpu_text(old, gpu), _gpu_text(new, gpu), serves))
+    return NamedRepartition(before.names[node], option.name, tuple(changes))
+
+
+def _refused(
+    state: ClusterState,
+    scratch: ClusterState,
+    policy: Policy,
+    options: Mapping[str, Sequence[MigOption]],
+    left: Sequence[Job],
+    changes: Sequence[NamedRepartition],
+    blocked: Mapping[str, str],
+    busy: Mapping[str, Mapping[int, str]],
+) -> tuple[RefusedRepartition, ...]:
+    """Per node not changed, the refused option that would serve most of `left` (ties: the
+    one clearing fewest GPUs, as the plan chooses)."""
+    if not left:
+        return ()
+    out = []
+    changed = {c.node for c in changes}
+    for name in sorted(set(options) - changed):
+        node = state.node_index(name)
+        best: tuple[tuple[int, int], RefusedRepartition] | None = None
+        for option in options[name]:
+            why = blocked.get(name) or _in_use(state, node, option, busy.get(name, {}))
+            if why is None:
+                continue
+            _, served = _serve(scratch, node, option, left, policy, release=True)
+            key = (-len(served), len(option.gpus))
+            if served and (best is None or key < best[0]):
+                found = RefusedRepartition(name, option.name, why, tuple(j.id for j in served))
+                best = (key, found)
+        if best is not None:
+            out.append(best[1])
+    return tuple(out)
