@@ -216,6 +216,44 @@ def test_a_shared_gpu_counts_as_its_share(cluster) -> None:
     assert got["gpu_demand"] == {"a100": 13.5, "h100": 6.25, UNPOOLED: 1.0}
 
 
+def test_mig_pods_count_in_gpu_equivalents(cluster) -> None:
+    """A pod asking `nvidia.com/mig-<profile>` instances (the GPU operator's mixed
+    strategy) holds N/7 of a GPU per `Ng` instance, in running and pending demand alike;
+    a node's MIG instances count the same way in its capacity."""
+    fake, settings = cluster
+
+    def mig_pod(name: str, resources: dict[str, str], phase: str, **kw) -> dict:
+        made = pod(name, (0,), phase, **kw)
+        made["spec"]["containers"][0]["resources"] = {"limits": resources}
+        return made
+
+    # a100-mig: two MIG GPUs as all-balanced makes them (2 x 1g, a 2g and a 3g each).
+    mig_node = node("a100-mig", "a100", "NVIDIA-A100-SXM4-80GB", 0)
+    mig_node["status"]["allocatable"] |= {
+        "nvidia.com/mig-1g.10gb": "4", "nvidia.com/mig-2g.20gb": "2",
+        "nvidia.com/mig-3g.40gb": "2",
+    }  # fmt: skip
+    fake.create("nodes", mig_node)
+    fake.create("pods", mig_pod("infer", {"nvidia.com/mig-3g.40gb": "1"}, "Running",
+                                node_name="a100-mig"))  # fmt: skip
+    fake.create("pods", mig_pod("tune", {"nvidia.com/mig-1g.10gb": "2"}, "Pending",
+                                selector={POOL: "h100"}))  # fmt: skip
+    fake.create("pods", mig_pod("big", {"nvidia.com/mig-7g.80gb": "1"}, "Pending",
+                                selector={POOL: "a100"}))  # fmt: skip
+    source = KubernetesSource(settings)
+    try:
+        got = demand_of(source)
+    finally:
+        source.close()
+    # Before: a100 4 running + 8 pending, capacity 8; h100 2 running + 4 pending.
+    assert got["running"]["a100"] == pytest.approx(4 + 3 / 7)
+    assert got["pending"]["a100"] == pytest.approx(8 + 1.0)  # a 7g is a whole GPU
+    assert got["pending"]["h100"] == pytest.approx(4 + 2 / 7)
+    assert got["gpu_demand"]["a100"] == pytest.approx(12 + 3 / 7 + 1)
+    # (4 x 1 + 2 x 2 + 2 x 3) / 7 = 2: what the node's instances hold, its two GPUs full.
+    assert got["capacity"]["a100"] == pytest.approx(8 + 2.0)
+
+
 def test_a_renamed_share_annotation_is_read_by_the_collector(cluster) -> None:
     """The collector's settings name the GPU-share annotation, as the scaler's do: a
     cluster that asks shares under another name is counted in shares all the same."""

@@ -7,7 +7,9 @@ sample lists.
 
 Demand of a pool, as in the Helios traces, is the GPUs of its running pods plus the GPUs of
 pending pods that want it; a pod sharing a GPU (the GPU-share annotation) counts as its
-share, so pods are read as the scaler reads them (`kube_objects`). A pod runs in the pool
+share, so pods are read as the scaler reads them (`kube_objects`). A pod asking MIG
+instances (`nvidia.com/mig-<profile>`, the GPU operator's "mixed" strategy) counts in GPU
+equivalents (`mig_gpus`), as does a node's capacity in instances. A pod runs in the pool
 of its node; a pending pod wants the pool its nodeSelector or node affinity names on the
 pool label (the first one it names, so each pod is counted once and the pools add up to
 the cluster). Pending pods that name no pool, and running pods on unlabelled nodes, are
@@ -23,6 +25,7 @@ from __future__ import annotations
 
 import contextlib
 import logging
+import re
 import threading
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
@@ -50,6 +53,8 @@ from predictor.telemetry.sources import MetricBatch, Source, SourceError
 log = logging.getLogger(__name__)
 
 UNPOOLED = "unpooled"
+COMPUTE_SLICES = 7  # of an A100, H100, H200 or B200: a `3g` profile has 3 of them
+_COMPUTE_IN_PROFILE = re.compile(r"^([1-9])g\.")
 T = TypeVar("T")
 _API_ERRORS = (k8s.ApiException, urllib3.exceptions.HTTPError, OSError, ValueError)
 
@@ -59,7 +64,7 @@ class GpuNode:
     name: str
     pool: str
     gpu_model: str
-    allocatable_gpus: int
+    allocatable_gpus: float  # whole GPUs, and MIG instances in GPU equivalents
     schedulable: bool  # Ready and not cordoned
 
 
@@ -68,7 +73,7 @@ class GpuPod:
     namespace: str
     name: str
     phase: str
-    gpus: float  # a shared GPU counts as its share
+    gpus: float  # a shared GPU counts as its share, MIG instances as GPU equivalents
     node: str | None
     wanted_pool: str | None  # from nodeSelector / node affinity; None: any pool
 
@@ -78,7 +83,7 @@ class PoolDemand:
     pool: str
     running: float  # GPUs; shared GPUs count as their shares
     pending: float  # of pending pods
-    capacity: int  # allocatable GPUs of schedulable nodes
+    capacity: float  # allocatable GPUs (and MIG GPU equivalents) of schedulable nodes
     nodes: int
     gpu_model: str
     queued: float = 0.0  # of pending Kueue Workloads (no pods yet)
@@ -116,27 +121,47 @@ def kube_names(settings: KubernetesSettings) -> KubeNames:
     )
 
 
+def mig_gpus(instances: Iterable[tuple[str, int]]) -> float:
+    """GPU equivalents of MIG instances, (profile, count) pairs: a `Ng.XXgb` instance is
+    N / 7 of a GPU. The measure is compute slices, not memory, because compute is what
+    fills a GPU: an A100/H100/H200 has 7 compute slices and 8 memory slices, and seven 1g
+    instances (7 x 1/7) take the whole GPU while they hold 7/8 of its memory; counted by
+    memory, a full GPU would read 0.875. It is also the measure the scaler's cluster model
+    holds a MIG job's GPUs in, so demand stored here and the plans made from it agree.
+    Where compute slices go unused (two 3g take every memory slice: 6/7) the count is a
+    little under the GPUs taken. A profile not of the form `Ng.` counts zero; the A30 and
+    RTX PRO 6000 (4 compute slices) are counted by 7 too, so under-counted."""
+    total = 0.0
+    for profile, count in instances:
+        match = _COMPUTE_IN_PROFILE.match(profile)
+        if match:
+            total += count * int(match.group(1)) / COMPUTE_SLICES
+    return total
+
+
 def parse_node(node: Mapping[str, Any], names: KubeNames) -> GpuNode:
-    """A node in its JSON form, as telemetry counts it."""
+    """A node in its JSON form, as telemetry counts it: its whole GPUs and its MIG
+    instances in GPU equivalents."""
     facts = read_node(node, names)
     return GpuNode(
         name=facts.name,
         pool=facts.pool or UNPOOLED,
         gpu_model=facts.gpu_model,
-        allocatable_gpus=facts.gpus,
+        allocatable_gpus=facts.gpus + mig_gpus(facts.mig),
         schedulable=facts.ready and not facts.unschedulable,
     )
 
 
 def parse_pod(pod: Mapping[str, Any], names: KubeNames) -> GpuPod:
     """A pod in its JSON form, as telemetry counts it: its GPUs with a shared GPU counted
-    as its share, and none for gpuscale's own placeholders."""
+    as its share and MIG instances as GPU equivalents, and none for gpuscale's own
+    placeholders."""
     request = read_pod(pod, names)
     return GpuPod(
         namespace=request.namespace,
         name=request.name,
         phase=request.phase,
-        gpus=0.0 if request.placeholder else request.gpu_demand,
+        gpus=0.0 if request.placeholder else request.gpu_demand + mig_gpus(request.mig),
         node=request.node,
         wanted_pool=request.wanted_pool,
     )
