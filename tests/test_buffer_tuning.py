@@ -62,6 +62,23 @@ def test_refills_after_dips_are_served_by_the_recent_peak_not_a_standing_buffer(
     assert best.kind == "rolling-max" and best.window >= 3 and best.spare == 0
 
 
+def test_a_knob_that_accepts_short_steps_waits_out_blips_instead_of_chasing_them() -> None:
+    # One-step blips of 3 nodes on 5 % of the steps: Cluster Autoscaler's own lag is short
+    # on each and then pays for the blip; at a knob of 0.1 the cheapest rule meets a rise
+    # only once it has lasted, paying less than the demand seen.
+    cycle = [4.0] * 19 + [7.0]
+    observed = np.array(cycle * 30)
+    rules = (BufferRule("headroom", 0), BufferRule("sustained", 0, 2))
+    targets = rule_targets(observed[:21], np.zeros(21), rules)
+    assert targets[1].tolist() == [4] * 21  # a blip never lasts two steps
+    records = replay_rules(observed, observed, 0)  # a forecast that follows demand
+    chosen = cheapest_within(records, knob=0.1)
+    assert RULES[chosen.rule].kind == "sustained"
+    assert chosen.mean_nodes < observed.mean()
+    assert chosen.short_share <= 0.1
+    assert RULES[cheapest_within(records, knob=0.001).rule].kind != "sustained"
+
+
 def _one_pool_run(demand: list[float], knob: float) -> list[int]:
     pool = NodePool(
         name="a100", gpu_model="A100", gpus_per_node=8, price_per_hour=32.0, max_size=50

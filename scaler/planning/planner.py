@@ -19,7 +19,8 @@ steps) and is paid from now; a removed node stops at once. So:
 The forecast's upper bound is a quantile plus a conformal safety margin learned from its
 recent errors (`margin.ConformalMargin`). Once a group has a day of history, its size is
 tuned on that history instead (`buffer_tuning`): the planner replays buffer rules (last
-demand or a recent peak plus spare nodes, the forecast bound plus spare nodes) in whole
+demand or a recent peak plus spare nodes, the forecast bound plus spare nodes, the demand
+sustained over the last few steps) in whole
 nodes of the group's pool and follows the cheapest one whose share of short steps stayed
 within the service-level knob `target_shortage`. Nodes already booting count as capacity
 on the way, so the planner never launches twice for one need.
