@@ -16,14 +16,16 @@ from fake_kube import FakeKube
 from live_fixtures import fast_policy, pool
 
 from predictor.telemetry.config import KubernetesSettings
-from predictor.telemetry.kubernetes import KubernetesSource
+from predictor.telemetry.kube_objects import KUBE_NAMES
+from predictor.telemetry.kubernetes import KubernetesSource, api_client
 from predictor.telemetry.kueue import queued_pod_sets, read_flavors
 from predictor.telemetry.sources import SourceError
 from predictor.telemetry.store import TelemetryStore
 from scaler.controller.config import LiveConfig
 from scaler.controller.reconcile import Reconciler
 from scaler.controller.system import LiveSystem
-from scaler.kube.kueue import queued_jobs
+from scaler.kube.kueue import queued_jobs, with_queue
+from scaler.kube.observed import observe_cluster
 
 POOL = "gpuscale.io/pool"
 MODEL = "nvidia.com/gpu.product"
@@ -50,6 +52,15 @@ def template(gpus: int, *, selector: dict[str, str] | None = None, share: int | 
         spec["nodeSelector"] = selector
     meta = {"annotations": {"gpuscale.io/gpu-milli": str(share)}} if share else {}
     return {"metadata": meta, "spec": spec}
+
+
+def mig_template(profile: str, instances: int, *, selector: dict[str, str] | None = None):
+    """A pod template asking `instances` MIG instances of `profile` (as a limit only)."""
+    made = template(0, selector=selector)
+    made["spec"]["containers"][0]["resources"] = {
+        "limits": {f"nvidia.com/mig-{profile}": str(instances)}
+    }
+    return made
 
 
 def workload(
@@ -114,8 +125,6 @@ def test_a_pending_workload_targets_its_flavors_pools_and_an_admitted_one_is_lef
 
 
 def test_a_workload_is_one_gang_of_its_pods_jobs() -> None:
-    from predictor.telemetry.kube_objects import KUBE_NAMES
-
     pending = workload(
         "llm",
         [("launcher", 1, template(1)), ("workers", 2, template(8))],
@@ -243,6 +252,34 @@ def test_the_collector_watches_the_queue(fake: FakeKube, kueue_cluster) -> None:
         assert fake.watch_requests("workloads") >= 1 and fake.watch_requests("resourceflavors") >= 1
     finally:
         source.close()
+
+
+def test_a_pending_mig_workload_counts_in_gpu_equivalents(fake: FakeKube, kueue_cluster) -> None:
+    """A Workload of 2 pods x one `3g.40gb` instance waits for quota on the a100 flavor:
+    the collector's pending demand and the live loop's queued GPUs both grow by 6/7 of a
+    GPU (each 3g holds 3 of a GPU's 7 compute slices), as the two pods would count."""
+    mig = workload("tune", [("workers", 2, mig_template("3g.40gb", 1))])
+    mig["status"]["admission"] = {
+        "clusterQueue": "gpus",
+        "podSetAssignments": [{"name": "workers", "flavors": {"nvidia.com/mig-3g.40gb":
+                                                              "a100-flavor"}, "count": 2}],
+    }  # fmt: skip
+    fake.create("workloads", mig)
+    source = KubernetesSource(kueue_cluster)
+    try:
+        got = demand_of(source)
+    finally:
+        source.close()
+    assert got["queued"] == pytest.approx({"a100": 6 / 7})
+    assert got["pending"] == pytest.approx({"a100": 6 / 7})
+    assert got["gpu_demand"] == pytest.approx({"a100": 8 + 6 / 7})
+    with api_client(kueue_cluster) as api:
+        observed = with_queue(observe_cluster)(api, KUBE_NAMES)
+    assert observed.queued_gpus == pytest.approx({"a100": 6 / 7})
+    assert [(j.id, j.mig_profile, j.mig_count) for j in observed.queued] == [
+        ("ml/tune/workers-0", "3g.40gb", 1),
+        ("ml/tune/workers-1", "3g.40gb", 1),
+    ]
 
 
 # ---- the live loop ------------------------------------------------------------------------

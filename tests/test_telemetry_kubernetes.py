@@ -27,6 +27,7 @@ from predictor.telemetry.kubernetes import (
 from predictor.telemetry.sources import RetryPolicy, SourceError
 from predictor.telemetry.store import TelemetryStore
 from scaler.cli import app
+from scaler.kube.observed import observe_cluster
 
 POOL = "gpuscale.io/pool"
 MODEL = "nvidia.com/gpu.product"
@@ -252,6 +253,15 @@ def test_mig_pods_count_in_gpu_equivalents(cluster) -> None:
     assert got["gpu_demand"]["a100"] == pytest.approx(12 + 3 / 7 + 1)
     # (4 x 1 + 2 x 2 + 2 x 3) / 7 = 2: what the node's instances hold, its two GPUs full.
     assert got["capacity"]["a100"] == pytest.approx(8 + 2.0)
+
+    # The live loop's listing counts by the same rule: its pending GPUs per pool are the
+    # collector's pending demand, MIG pods included, and the 3g holds 3/7 of its node.
+    with api_client(settings) as api:
+        observed = observe_cluster(api)
+    pending = {UNPOOLED if pool is None else pool: g for pool, g in observed.pending_gpus.items()}
+    assert pending == pytest.approx(got["pending"])
+    assert pending == pytest.approx({"a100": 8 + 1.0, "h100": 4 + 2 / 7, UNPOOLED: 1.0})
+    assert observed.nodes["a100-mig"].gpus_used == pytest.approx(3 / 7)
 
 
 def test_a_renamed_share_annotation_is_read_by_the_collector(cluster) -> None:

@@ -16,6 +16,11 @@ Both readings take an object in its JSON form: what the API server sends (and th
 scheduler extender receives), what `ApiClient.sanitize_for_serialization` makes of the
 client's models, or a pydantic model of that JSON (dumped by alias).
 
+A pod's GPU demand (`PodRequest.gpu_demand`) is counted by one rule wherever demand is
+counted (telemetry's pools, Kueue's queue, the live loop's pending and used GPUs, the
+scaler's cluster model): whole GPUs, a shared GPU as its share, a MIG instance as the
+share of a GPU's compute slices its profile holds (`mig_gpus`).
+
 MIG and topology, read where they are and interpreted by the scaler (scaler.kube.objects):
 a pod's `nvidia.com/mig-<profile>` requests (the GPU operator's "mixed" strategy) and
 Kueue's podset topology annotations; a node's MIG instance counts (its allocatable
@@ -26,6 +31,7 @@ else the configured domains of its GPU model) and its rack label.
 
 from __future__ import annotations
 
+import re
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from decimal import Decimal
@@ -39,6 +45,8 @@ MIRROR_ANNOTATION = "kubernetes.io/config.mirror"  # static pods the kubelet run
 SAFE_TO_EVICT_ANNOTATION = "cluster-autoscaler.kubernetes.io/safe-to-evict"
 FINISHED_PHASES = ("Succeeded", "Failed")
 MIB = 2**20
+MIG_COMPUTE_SLICES = 7  # of an A100, H100, H200 or B200: a `3g` profile holds 3 of them
+_MIG_COMPUTE_IN_PROFILE = re.compile(r"^([1-7])g\.")
 # Kueue's topology-aware scheduling: the node label whose value a pod set must share.
 REQUIRED_TOPOLOGY_ANNOTATION = "kueue.x-k8s.io/podset-required-topology"
 PREFERRED_TOPOLOGY_ANNOTATION = "kueue.x-k8s.io/podset-preferred-topology"
@@ -87,6 +95,23 @@ class KubeNames:
 
 
 KUBE_NAMES = KubeNames()
+
+
+def mig_gpus(instances: Iterable[tuple[str, int]]) -> float:
+    """GPU equivalents of MIG instances, (profile, count) pairs: a `Ng.XXgb` instance is
+    N / 7 of a GPU. The measure is compute slices, not memory, because compute is what
+    fills a GPU: an A100/H100/H200 has 7 compute slices and 8 memory slices, and seven 1g
+    instances (7 x 1/7) take the whole GPU while they hold 7/8 of its memory; counted by
+    memory, a full GPU would read 0.875. Where compute slices go unused (two 3g take every
+    memory slice: 6/7) the count is a little under the GPUs taken. A profile not of the
+    form `Ng.` counts zero; the A30 and RTX PRO 6000 (4 compute slices) are counted by 7
+    too, so under-counted."""
+    total = 0.0
+    for profile, count in instances:
+        match = _MIG_COMPUTE_IN_PROFILE.match(profile)
+        if match:
+            total += count * int(match.group(1)) / MIG_COMPUTE_SLICES
+    return total
 
 
 @dataclass(frozen=True, slots=True)
@@ -171,8 +196,9 @@ class PodRequest:
 
     @property
     def gpu_demand(self) -> float:
-        """GPUs it takes, a shared GPU counted as its share."""
-        return self.gpus * self.gpu_milli / WHOLE_GPU_MILLI
+        """GPUs it takes: a shared GPU counted as its share, MIG instances in GPU
+        equivalents (`mig_gpus`)."""
+        return self.gpus * self.gpu_milli / WHOLE_GPU_MILLI + mig_gpus(self.mig)
 
 
 @dataclass(frozen=True, slots=True)

@@ -9,7 +9,8 @@ Demand of a pool, as in the Helios traces, is the GPUs of its running pods plus 
 pending pods that want it; a pod sharing a GPU (the GPU-share annotation) counts as its
 share, so pods are read as the scaler reads them (`kube_objects`). A pod asking MIG
 instances (`nvidia.com/mig-<profile>`, the GPU operator's "mixed" strategy) counts in GPU
-equivalents (`mig_gpus`), as does a node's capacity in instances. A pod runs in the pool
+equivalents (`kube_objects.mig_gpus`, the rule the live loop and Kueue's queue count by),
+as does a node's capacity in instances. A pod runs in the pool
 of its node; a pending pod wants the pool its nodeSelector or node affinity names on the
 pool label (the first one it names, so each pod is counted once and the pools add up to
 the cluster). Pending pods that name no pool, and running pods on unlabelled nodes, are
@@ -25,7 +26,6 @@ from __future__ import annotations
 
 import contextlib
 import logging
-import re
 import threading
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
@@ -40,7 +40,7 @@ from kubernetes.config.config_exception import ConfigException
 
 from predictor.foundation.errors import InputError
 from predictor.telemetry.config import KubernetesSettings
-from predictor.telemetry.kube_objects import KubeNames, read_node, read_pod
+from predictor.telemetry.kube_objects import KubeNames, mig_gpus, read_node, read_pod
 from predictor.telemetry.kueue import (
     QueuedPodSet,
     list_flavors,
@@ -53,8 +53,6 @@ from predictor.telemetry.sources import MetricBatch, Source, SourceError
 log = logging.getLogger(__name__)
 
 UNPOOLED = "unpooled"
-COMPUTE_SLICES = 7  # of an A100, H100, H200 or B200: a `3g` profile has 3 of them
-_COMPUTE_IN_PROFILE = re.compile(r"^([1-9])g\.")
 T = TypeVar("T")
 _API_ERRORS = (k8s.ApiException, urllib3.exceptions.HTTPError, OSError, ValueError)
 
@@ -121,24 +119,6 @@ def kube_names(settings: KubernetesSettings) -> KubeNames:
     )
 
 
-def mig_gpus(instances: Iterable[tuple[str, int]]) -> float:
-    """GPU equivalents of MIG instances, (profile, count) pairs: a `Ng.XXgb` instance is
-    N / 7 of a GPU. The measure is compute slices, not memory, because compute is what
-    fills a GPU: an A100/H100/H200 has 7 compute slices and 8 memory slices, and seven 1g
-    instances (7 x 1/7) take the whole GPU while they hold 7/8 of its memory; counted by
-    memory, a full GPU would read 0.875. It is also the measure the scaler's cluster model
-    holds a MIG job's GPUs in, so demand stored here and the plans made from it agree.
-    Where compute slices go unused (two 3g take every memory slice: 6/7) the count is a
-    little under the GPUs taken. A profile not of the form `Ng.` counts zero; the A30 and
-    RTX PRO 6000 (4 compute slices) are counted by 7 too, so under-counted."""
-    total = 0.0
-    for profile, count in instances:
-        match = _COMPUTE_IN_PROFILE.match(profile)
-        if match:
-            total += count * int(match.group(1)) / COMPUTE_SLICES
-    return total
-
-
 def parse_node(node: Mapping[str, Any], names: KubeNames) -> GpuNode:
     """A node in its JSON form, as telemetry counts it: its whole GPUs and its MIG
     instances in GPU equivalents."""
@@ -161,7 +141,7 @@ def parse_pod(pod: Mapping[str, Any], names: KubeNames) -> GpuPod:
         namespace=request.namespace,
         name=request.name,
         phase=request.phase,
-        gpus=0.0 if request.placeholder else request.gpu_demand + mig_gpus(request.mig),
+        gpus=0.0 if request.placeholder else request.gpu_demand,
         node=request.node,
         wanted_pool=request.wanted_pool,
     )

@@ -61,7 +61,7 @@ class QueuedPodSet:
 
     @property
     def gpus(self) -> float:
-        """GPUs the pod set waits for, shared GPUs counted as their shares."""
+        """GPUs the pod set waits for, counted as its pods' (`PodRequest.gpu_demand`)."""
         return self.count * self.pod.gpu_demand
 
 

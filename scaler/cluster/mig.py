@@ -39,8 +39,9 @@ from functools import cache
 
 import numpy as np
 
+from predictor.telemetry.kube_objects import mig_gpus
+
 SLICES = 8  # memory slices of a MIG GPU: placements are given in them
-COMPUTE_SLICES = 7
 MIG_RESOURCE_PREFIX = "nvidia.com/mig-"
 
 # (compute slices, memory slices, allowed starts) of the six shapes, in the table's order.
@@ -109,9 +110,9 @@ def profile_problem(name: str) -> str | None:
 
 
 def compute_fraction(name: str) -> float:
-    """The share of a GPU's compute an instance of `name` has (3g: 3/7)."""
-    match = _PROFILE_NAME.match(name)
-    return int(match.group(1)) / COMPUTE_SLICES if match else 0.0
+    """The GPUs one instance of `name` counts for (3g: 3/7), by the rule every demand count
+    uses (`predictor.telemetry.kube_objects.mig_gpus`)."""
+    return mig_gpus(((name, 1),))
 
 
 def family_of(names: Iterable[str], memory_mib: int | None = None, product: str = "") -> str | None:

@@ -12,7 +12,10 @@ an `ObservedCluster`:
   Pods that say which GPUs they hold are bound first, so a guess never takes their GPUs;
 - DaemonSet and mirror pods are the node's overhead, not jobs: they go with their node, so
   the node offers what is left beside them and no scale-down check tries to move them;
-- the pending pods (unbound, not finished) as jobs, placeholders flagged;
+- the pending pods (unbound, not finished) as jobs, placeholders flagged, and the GPUs the
+  real ones wait for per pool, counted as telemetry counts them (`PodRequest.gpu_demand`:
+  shares as shares, MIG instances in GPU equivalents), as are the GPUs real pods hold on
+  each node;
 - per node what the loop needs to remove it: its pool label, its provider's name, the real
   pods a drain would move and whether real pods hold GPUs there;
 - the pods bound into the state (by job id), for what a job's pod says beyond the job (may
@@ -61,7 +64,7 @@ class ObservedNode:
     draining: bool  # cordoned by gpuscale for its removal
     movable_pods: int = 0  # real pods a drain would evict (placeholders and DaemonSets aside)
     gpu_pods: int = 0  # real pods holding GPUs here
-    gpus_used: float = 0.0  # GPUs real pods hold here, shares counted as shares
+    gpus_used: float = 0.0  # GPUs real pods hold here (shares as shares, MIG as equivalents)
 
     @property
     def busy(self) -> bool:
