@@ -7,10 +7,11 @@ resourceVersion (410 Gone once it has been compacted), PUT checks optimistic con
 PATCH takes merge, strategic-merge (treated as merge) and JSON patches, pods have a
 `status`, `eviction` (with `?dryRun=All`) and `binding` subresources, and leases live in
 coordination.k8s.io/v1. Resources are declared in one table, so another kind is a line.
-Custom resources (CapacityBuffer, Karpenter's NodePool and NodeClaim, Kueue's Workload and
-ResourceFlavor) are served at /apis/<group>/<version>/[namespaces/<ns>/]<plural> as a
-CRD's objects are, for CustomObjectsApi: defaults and validation rules of their CRDs
-(`admission`), a `status` subresource, and a generation counting changes of the spec.
+Custom resources (CapacityBuffer, Karpenter's NodePool and NodeClaim, Kueue's Workload,
+ResourceFlavor, LocalQueue and ClusterQueue) are served at
+/apis/<group>/<version>/[namespaces/<ns>/]<plural> as a CRD's objects are, for
+CustomObjectsApi: defaults and validation rules of their CRDs (`admission`), a `status`
+subresource, and a generation counting changes of the spec.
 `on_write` hooks let a test play a controller that reacts to writes.
 Set `faults` (an `ApiFaults`) and requests over HTTP fail now and then: 500s, and answers
 held past the client's timeout.
@@ -70,7 +71,8 @@ RESOURCES = (
     ResourceKind("/api/v1", "podtemplates", "PodTemplate", namespaced=True),
     # Custom resources, served as the API server serves a CRD's objects (the official
     # client reaches them through CustomObjectsApi): Cluster Autoscaler's CapacityBuffer,
-    # Karpenter's NodePool and NodeClaim, Kueue's Workload and ResourceFlavor.
+    # Karpenter's NodePool and NodeClaim, Kueue's Workload, ResourceFlavor, LocalQueue and
+    # ClusterQueue.
     ResourceKind(
         "/apis/autoscaling.x-k8s.io/v1beta1", "capacitybuffers", "CapacityBuffer", True, True
     ),
@@ -78,6 +80,8 @@ RESOURCES = (
     ResourceKind("/apis/karpenter.sh/v1", "nodeclaims", "NodeClaim", False, True),
     ResourceKind("/apis/kueue.x-k8s.io/v1beta1", "workloads", "Workload", True, True),
     ResourceKind("/apis/kueue.x-k8s.io/v1beta1", "resourceflavors", "ResourceFlavor", False),
+    ResourceKind("/apis/kueue.x-k8s.io/v1beta1", "localqueues", "LocalQueue", True, True),
+    ResourceKind("/apis/kueue.x-k8s.io/v1beta1", "clusterqueues", "ClusterQueue", False, True),
 )
 
 # What a CRD's schema and validation rules make the API server do with a custom object on
@@ -301,10 +305,40 @@ def workload_admission(obj: Obj, old: Obj | None) -> None:
         _count(obj, "Workload", f"spec.podSets[{i}].count", pod_set["count"])
 
 
+def cluster_queue_admission(obj: Obj, old: Obj | None) -> None:
+    """kueue.x-k8s.io/v1beta1 ClusterQueue: each resource group covers 1 or more resources
+    and lists 1 or more flavors, each with as many resource quotas as the group covers (the
+    CRD's validation rule; Kueue's webhook also wants them in the same order)."""
+    for i, group in enumerate(obj.get("spec", {}).get("resourceGroups") or []):
+        covered = group.get("coveredResources") or []
+        flavors = group.get("flavors") or []
+        if not covered or not flavors:
+            raise _invalid(
+                "ClusterQueue", obj, f"spec.resourceGroups[{i}]: coveredResources and flavors"
+            )
+        for j, flavor in enumerate(flavors):
+            if len(flavor.get("resources") or []) != len(covered):
+                raise _invalid(
+                    "ClusterQueue",
+                    obj,
+                    f"spec.resourceGroups[{i}].flavors[{j}]: flavors must have the same"
+                    " number of resources as the coveredResources",
+                )
+
+
+def local_queue_admission(obj: Obj, old: Obj | None) -> None:
+    """kueue.x-k8s.io/v1beta1 LocalQueue: spec.clusterQueue cannot change once set."""
+    before = (old or {}).get("spec", {}).get("clusterQueue")
+    if before and obj.get("spec", {}).get("clusterQueue") != before:
+        raise _invalid("LocalQueue", obj, "spec.clusterQueue: field is immutable")
+
+
 CRD_ADMISSION: dict[str, Admission] = {
     "capacitybuffers": capacity_buffer_admission,
     "nodepools": node_pool_admission,
     "workloads": workload_admission,
+    "clusterqueues": cluster_queue_admission,
+    "localqueues": local_queue_admission,
     "podtemplates": lambda obj, old: None,  # the generation counts template changes
 }
 

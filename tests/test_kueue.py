@@ -4,6 +4,7 @@ once admitted and its pods run, they are counted once, as pods."""
 
 from __future__ import annotations
 
+import logging
 import time
 from collections.abc import Iterator
 from datetime import datetime
@@ -17,8 +18,8 @@ from live_fixtures import fast_policy, pool
 
 from predictor.telemetry.config import KubernetesSettings
 from predictor.telemetry.kube_objects import KUBE_NAMES
-from predictor.telemetry.kubernetes import KubernetesSource, api_client
-from predictor.telemetry.kueue import queued_pod_sets, read_flavors
+from predictor.telemetry.kubernetes import UNPOOLED, KubernetesSource, api_client
+from predictor.telemetry.kueue import queued_pod_sets, read_queues
 from predictor.telemetry.sources import SourceError
 from predictor.telemetry.store import TelemetryStore
 from scaler.controller.config import LiveConfig
@@ -69,10 +70,12 @@ def workload(
     *,
     flavor: str | None = None,
     conditions: tuple[str, ...] = (),
+    queue: str = "team-a",
     **spec: Any,
 ) -> dict:
-    """A Workload of (name, count, template) pod sets; `flavor`: its quota is reserved on
-    that flavor (status.admission); `conditions`: those that hold."""
+    """A Workload of (name, count, template) pod sets submitted to LocalQueue `queue`;
+    `flavor`: its quota is reserved on that flavor (status.admission); `conditions`: those
+    that hold."""
     status: dict[str, Any] = {
         "conditions": [{"type": c, "status": "True", "reason": c} for c in conditions]
     }
@@ -87,7 +90,7 @@ def workload(
     return {
         "metadata": {"name": name, "namespace": "ml"},
         "spec": {
-            "queueName": "team-a",
+            "queueName": queue,
             "podSets": [{"name": n, "count": c, "template": t} for n, c, t in pod_sets],
         }
         | spec,
@@ -96,7 +99,7 @@ def workload(
 
 
 def test_a_pending_workload_targets_its_flavors_pools_and_an_admitted_one_is_left_out() -> None:
-    flavors = read_flavors(FLAVORS)
+    flavors = read_queues(FLAVORS)
     reserved = workload("train", [("workers", 2, template(8))], flavor="a100-flavor")
     (pod_set,) = queued_pod_sets(reserved, flavors)
     assert (pod_set.workload, pod_set.name, pod_set.count, pod_set.gpus) == (
@@ -106,10 +109,17 @@ def test_a_pending_workload_targets_its_flavors_pools_and_an_admitted_one_is_lef
         16.0,
     )
     assert pod_set.pod.wanted_pool == "a100" and pod_set.pod.node_selector == ((POOL, "a100"),)
-    # Waiting for quota, no flavor yet: the pool its template selects, else any.
+    assert pod_set.queue_problem is None
+    # Waiting for quota, no flavor yet, and its LocalQueue unknown: the pool its template
+    # selects, else any, and why.
     selected = workload("a", [("main", 1, template(4, selector={POOL: "h100"}))])
     anywhere = workload("b", [("main", 3, template(1, share=250))])
-    assert queued_pod_sets(selected, flavors)[0].pod.wanted_pool == "h100"
+    (by_selector,) = queued_pod_sets(selected, flavors)
+    assert by_selector.pod.wanted_pool == "h100"
+    assert by_selector.queue_problem == (
+        "Kueue Workload ml/a: LocalQueue ml/team-a not found; its pods count in the pool"
+        " their template selects (h100)"
+    )
     (shared,) = queued_pod_sets(anywhere, flavors)
     assert shared.pod.wanted_pool is None and shared.gpus == 0.75
     # The flavor's taints are tolerated as Kueue makes the pods tolerate them.
@@ -133,13 +143,114 @@ def test_a_workload_is_one_gang_of_its_pods_jobs() -> None:
     pending["spec"]["podSets"][1]["topologyRequest"] = {
         "required": "cloud.provider.com/topology-rack"
     }
-    jobs = queued_jobs(queued_pod_sets(pending, read_flavors(FLAVORS)), KUBE_NAMES)
+    jobs = queued_jobs(queued_pod_sets(pending, read_queues(FLAVORS)), KUBE_NAMES)
     assert [(j.id, j.num_gpu, j.gang) for j in jobs] == [
         ("ml/llm/launcher-0", 1, "ml/llm"),
         ("ml/llm/workers-0", 8, "ml/llm"),
         ("ml/llm/workers-1", 8, "ml/llm"),
     ]
     assert jobs[1].topology_key == "cloud.provider.com/topology-rack" and jobs[1].topology_required
+
+
+# ---- quota-waiting Workloads, through their queue ------------------------------------------
+
+
+def local_queue(name: str, cluster_queue: str, namespace: str = "ml") -> dict:
+    return {
+        "metadata": {"name": name, "namespace": namespace},
+        "spec": {"clusterQueue": cluster_queue},
+    }
+
+
+def cluster_queue(name: str, *groups: tuple[list[str], list[tuple[str, list[str]]]]) -> dict:
+    """A ClusterQueue of resource groups (covered resources, [(flavor, nominal quotas in
+    the covered resources' order)])."""
+    return {
+        "metadata": {"name": name},
+        "spec": {
+            "namespaceSelector": {},
+            "resourceGroups": [
+                {
+                    "coveredResources": covered,
+                    "flavors": [
+                        {
+                            "name": flavor,
+                            "resources": [
+                                {"name": r, "nominalQuota": q}
+                                for r, q in zip(covered, quotas, strict=True)
+                            ],
+                        }
+                        for flavor, quotas in flavors
+                    ],
+                }
+                for covered, flavors in groups
+            ],
+        },
+    }
+
+
+GPU_GROUP = ["cpu", "memory", "nvidia.com/gpu"]
+QUEUE_FLAVORS = [
+    *FLAVORS,
+    {"metadata": {"name": "default"}, "spec": {}},  # CPU nodes: no pool
+    {"metadata": {"name": "on-prem"}, "spec": {"nodeLabels": {"site": "lab"}}},  # no pool
+]
+
+
+def test_a_quota_waiting_workload_goes_to_the_first_flavor_of_its_queue_that_fits() -> None:
+    """LocalQueue ml/team-a -> ClusterQueue gpus, whose GPU group lists a CPU flavor with
+    no GPU quota (nominal 0), a flavor whose nodes are no pool, then h100 and a100: a pod
+    set waiting for quota goes to h100, the first that can hold its GPUs and names a pool,
+    tolerating h100's taints; one whose template selects a100 goes to a100, the first
+    flavor its selector agrees with; a MIG pod set to the flavor with quota of its MIG
+    resource."""
+    queues = read_queues(
+        QUEUE_FLAVORS,
+        [local_queue("team-a", "gpus"), local_queue("team-a", "elsewhere", namespace="other")],
+        [
+            cluster_queue(
+                "gpus",
+                (
+                    GPU_GROUP,
+                    [
+                        ("default", ["96", "1Ti", "0"]),
+                        ("on-prem", ["96", "1Ti", "8"]),
+                        ("h100-flavor", ["96", "1Ti", "32"]),
+                        ("a100-flavor", ["96", "1Ti", "64"]),
+                    ],
+                ),
+                (["nvidia.com/mig-3g.40gb"], [("h100-flavor", ["0"]), ("a100-flavor", ["14"])]),
+            )
+        ],
+    )
+    waiting = workload("train", [("workers", 2, template(8))])
+    (pod_set,) = queued_pod_sets(waiting, queues)
+    assert pod_set.pod.wanted_pool == "h100" and pod_set.gpus == 16.0
+    assert [t.key for t in pod_set.pod.tolerations] == ["dedicated"]
+    assert pod_set.queue_problem is None
+    pinned = workload("pinned", [("main", 1, template(8, selector={POOL: "a100"}))])
+    assert queued_pod_sets(pinned, queues)[0].pod.wanted_pool == "a100"
+    (mig,) = queued_pod_sets(workload("tune", [("main", 2, mig_template("3g.40gb", 1))]), queues)
+    assert mig.pod.wanted_pool == "a100" and mig.gpus == pytest.approx(6 / 7)
+    # No flavor with GPU quota agrees with the template: its selector, and why.
+    elsewhere = workload("b200", [("main", 1, template(8, selector={POOL: "b200"}))])
+    (fallback,) = queued_pod_sets(elsewhere, queues)
+    assert fallback.pod.wanted_pool == "b200"
+    assert fallback.queue_problem == (
+        "Kueue Workload ml/b200: no flavor of ClusterQueue gpus with quota of nvidia.com/gpu"
+        " names a pool (gpuscale.io/pool) its template allows; its pods count in the pool"
+        " their template selects (b200)"
+    )
+    # A queue of another namespace is not this one's; a ClusterQueue that is not there.
+    other = workload("x", [("main", 1, template(8))])
+    other["metadata"]["namespace"] = "other"
+    assert queued_pod_sets(other, queues)[0].queue_problem == (
+        "Kueue Workload other/x: ClusterQueue elsewhere (of LocalQueue other/team-a) not"
+        " found; its pods count in the pool their template selects (any)"
+    )
+    # A pod set asking no GPU has nothing to target through the queue.
+    (cpu,) = queued_pod_sets(workload("cpu", [("main", 1, template(0))]), queues)
+    assert cpu.pod.wanted_pool is None and cpu.queue_problem is None
 
 
 # ---- the collector ------------------------------------------------------------------------
@@ -220,6 +331,51 @@ def test_the_collector_counts_the_queue_once(fake: FakeKube, kueue_cluster) -> N
         source.close()
 
 
+def test_a_quota_waiting_workload_counts_for_its_queues_flavor(
+    fake: FakeKube, kueue_cluster, caplog: pytest.LogCaptureFixture
+) -> None:
+    """A Workload waiting for quota, its template selecting no node: LocalQueue ml/team-a
+    -> ClusterQueue gpus -> a100-flavor makes it a100's pending demand, in the collector
+    and in the live loop. One whose LocalQueue is unknown counts in the pool its template
+    selects, and why is logged once, not at every sample, until it goes away."""
+    fake.create("localqueues", local_queue("team-a", "gpus"))
+    fake.create(
+        "clusterqueues",
+        cluster_queue("gpus", (GPU_GROUP, [("a100-flavor", ["96", "1Ti", "16"])])),
+    )
+    fake.create("workloads", workload("train", [("workers", 2, template(8))]))
+    lost = workload("lost", [("main", 1, template(4, selector={POOL: "h100"}))], queue="nowhere")
+    fake.create("workloads", lost)
+    source = KubernetesSource(kueue_cluster)
+    try:
+        with caplog.at_level(logging.WARNING, logger="predictor.telemetry.kueue"):
+            got = demand_of(source)
+            assert got["queued"] == {"a100": 16.0, "h100": 4.0}
+            assert got["pending"] == {"a100": 16.0, "h100": 4.0}
+            for _ in range(2):
+                assert demand_of(source)["queued"] == got["queued"]
+            said = [r.getMessage() for r in caplog.records]
+            assert said == [
+                "Kueue Workload ml/lost: LocalQueue ml/nowhere not found; its pods count in"
+                " the pool their template selects (h100)"
+            ]
+            # The queue is made: the problem is gone and nothing more is said.
+            fake.create(
+                "clusterqueues",
+                cluster_queue("h100s", (GPU_GROUP, [("h100-flavor", ["96", "1Ti", "8"])])),
+            )
+            fake.create("localqueues", local_queue("nowhere", "h100s"))
+            assert demand_of(source)["queued"] == {"a100": 16.0, "h100": 4.0}
+            assert len(caplog.records) == 1
+    finally:
+        source.close()
+    assert fake.list_requests("localqueues") >= 1 and fake.list_requests("clusterqueues") >= 1
+    with api_client(kueue_cluster) as api:
+        observed = with_queue(observe_cluster)(api, KUBE_NAMES)
+    assert observed.queued_gpus == {"a100": 16.0, "h100": 4.0}
+    assert observed.queued_pools["ml/train/workers-1"] == "a100"
+
+
 def test_the_collector_watches_the_queue(fake: FakeKube, kueue_cluster) -> None:
     source = KubernetesSource(kueue_cluster)
     source.start()
@@ -248,8 +404,16 @@ def test_the_collector_watches_the_queue(fake: FakeKube, kueue_cluster) -> None:
         wait({"a100": 0.0, "h100": 4.0, "b200": 16.0})
         fake.patch("workloads", "a", {"spec": {"active": False}}, "ml")  # deactivated
         wait({"a100": 0.0, "b200": 16.0})
+        # A Workload waiting for quota, then its queue made: LocalQueue and ClusterQueue
+        # are watched too.
+        fake.create("workloads", workload("c", [("main", 1, template(8))], queue="team-c"))
+        wait({"a100": 0.0, "b200": 16.0, UNPOOLED: 8.0})
+        fake.create("clusterqueues", cluster_queue("c", (GPU_GROUP, [("b", ["96", "1Ti", "64"])])))
+        fake.create("localqueues", local_queue("team-c", "c"))
+        wait({"a100": 0.0, "b200": 24.0})
         assert fake.list_requests("workloads") == listed  # watched, not polled
-        assert fake.watch_requests("workloads") >= 1 and fake.watch_requests("resourceflavors") >= 1
+        for plural in ("workloads", "resourceflavors", "localqueues", "clusterqueues"):
+            assert fake.watch_requests(plural) >= 1, plural
     finally:
         source.close()
 

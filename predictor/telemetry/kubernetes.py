@@ -16,10 +16,13 @@ pool label (the first one it names, so each pod is counted once and the pools ad
 the cluster). Pending pods that name no pool, and running pods on unlabelled nodes, are
 counted in the series `unpooled`.
 
-With `kueue`, Kueue's pending Workloads and its ResourceFlavors are watched too: the GPUs
-of their pod sets (`kueue.queued_pod_sets`) are pending demand of the pools they target,
-before any of their pods exist, and are also stored on their own as `queued` (the
-queue, an input the forecaster may use). Admitted Workloads count through their pods.
+With `kueue`, Kueue's pending Workloads, its ResourceFlavors, LocalQueues and
+ClusterQueues are watched too: the GPUs of the Workloads' pod sets (`kueue.queued_pod_sets`)
+are pending demand of the pools they target (the flavor their quota is reserved on, else
+the first their queue would try), before any of their pods exist, and are also stored on
+their own as `queued` (the queue, an input the forecaster may use). Admitted Workloads
+count through their pods. Why a Workload's queue names no pool is logged when it first
+shows, not at every sample.
 """
 
 from __future__ import annotations
@@ -42,11 +45,15 @@ from predictor.foundation.errors import InputError
 from predictor.telemetry.config import KubernetesSettings
 from predictor.telemetry.kube_objects import KubeNames, mig_gpus, read_node, read_pod
 from predictor.telemetry.kueue import (
+    CLUSTER_QUEUES,
+    FLAVORS,
+    LOCAL_QUEUES,
+    WORKLOADS,
+    ProblemLog,
     QueuedPodSet,
-    list_flavors,
-    list_workloads,
+    list_call,
     queued_pod_sets,
-    read_flavors,
+    read_queues,
 )
 from predictor.telemetry.sources import MetricBatch, Source, SourceError
 
@@ -353,10 +360,14 @@ class KubernetesSource(Source):
         self._names = names
         self.informers: list[Informer[Any]] = [self.nodes, self.pods]
         if settings.kueue:
-            # Kept as they come: a Workload is read against the flavors when sampled.
-            self.workloads = Informer("workloads", list_workloads(self._client), dict, settings)
-            self.flavors = Informer("resourceflavors", list_flavors(self._client), dict, settings)
-            self.informers += [self.workloads, self.flavors]
+            # Kept as they come: a Workload is read against the flavors and queues when
+            # sampled.
+            self.kueue = {
+                plural: Informer(plural, list_call(self._client, plural), dict, settings)
+                for plural in (WORKLOADS, FLAVORS, LOCAL_QUEUES, CLUSTER_QUEUES)
+            }
+            self.informers += list(self.kueue.values())
+            self._queue_problems = ProblemLog()
         self._stop = threading.Event()
         self._threads: list[threading.Thread] = []
 
@@ -392,9 +403,14 @@ class KubernetesSource(Source):
                 raise SourceError(informer.error)
         queued: list[QueuedPodSet] = []
         if self.settings.kueue:
-            flavors = read_flavors(self.flavors.items())
-            for workload in self.workloads.items():
-                queued.extend(queued_pod_sets(workload, flavors, self._names))
+            queues = read_queues(
+                self.kueue[FLAVORS].items(),
+                self.kueue[LOCAL_QUEUES].items(),
+                self.kueue[CLUSTER_QUEUES].items(),
+            )
+            for workload in self.kueue[WORKLOADS].items():
+                queued.extend(queued_pod_sets(workload, queues, self._names))
+            self._queue_problems.report(p.queue_problem for p in queued)
         pools = pool_demand(self.nodes.items(), self.pods.items(), queued)
         return demand_batches(pools, at, queue=self.settings.kueue)
 

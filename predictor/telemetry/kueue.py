@@ -10,7 +10,22 @@ the pod, and the pod set targets pools as the pod would:
   checks, such as a ProvisioningRequest, still wait) targets the node labels of the
   ResourceFlavor its GPU resource was assigned (`spec.nodeLabels`, merged into its node
   selector) and tolerates that flavor's tolerations, as Kueue will make its pods;
-- otherwise the pool its template's node selector or node affinity names, else any pool.
+- a pod set still waiting for quota targets the flavor Kueue would try first: the
+  Workload's LocalQueue (`spec.queueName`, in its namespace) names a ClusterQueue
+  (`spec.clusterQueue`), whose resource groups list flavors in order
+  (`spec.resourceGroups[].flavors[]`); the first of them with a nominal quota above zero of
+  every GPU resource the pod set asks (the GPU resource, each MIG resource), that exists,
+  whose `nodeLabels` name a pool (the pool label) and agree with the template's node
+  selector is taken as above;
+- otherwise (no GPU asked, no such queue or flavor) the pool its template's node selector
+  or node affinity names, else any pool; why the queue did not say is the pod set's
+  `queue_problem`, which the collector logs once (`ProblemLog`).
+
+The queue's flavor is the one Kueue tries first, not necessarily the one it will reserve:
+Kueue moves on to the next flavor when the first lacks free quota (or, with flavor
+fungibility, before borrowing or preempting), which depends on the usage of every queue in
+the cohort; a flavor that only borrows (nominal quota zero) is passed over, and taints a
+flavor's nodes carry are not checked against the template.
 
 Pending means neither Admitted nor Finished, and active (`spec.active` not false). An
 admitted Workload is left out: its pods exist, or are being made, and are counted as pods,
@@ -20,12 +35,14 @@ and its podset topology request is read as Kueue's podset topology annotations a
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Callable, Iterable, Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from functools import partial
 from typing import Any
 
 from kubernetes import client as k8s
+from kubernetes.utils import parse_quantity
 
 from predictor.telemetry.kube_objects import (
     KUBE_NAMES,
@@ -36,10 +53,14 @@ from predictor.telemetry.kube_objects import (
     read_pod,
 )
 
+log = logging.getLogger(__name__)
+
 GROUP = "kueue.x-k8s.io"
 VERSION = "v1beta1"
 WORKLOADS = "workloads"
 FLAVORS = "resourceflavors"
+LOCAL_QUEUES = "localqueues"
+CLUSTER_QUEUES = "clusterqueues"
 
 
 @dataclass(frozen=True, slots=True)
@@ -51,6 +72,18 @@ class Flavor:
 
 
 @dataclass(frozen=True, slots=True)
+class Queues:
+    """Where Kueue's objects say a Workload's pods may go: the ResourceFlavors by name,
+    each LocalQueue's ClusterQueue (by `namespace/name`), and per ClusterQueue, per
+    resource, the flavors that hold a nominal quota of it above zero, in the order its
+    resource groups list them."""
+
+    flavors: Mapping[str, Flavor] = field(default_factory=dict)
+    local_queues: Mapping[str, str] = field(default_factory=dict)
+    cluster_queues: Mapping[str, Mapping[str, tuple[str, ...]]] = field(default_factory=dict)
+
+
+@dataclass(frozen=True, slots=True)
 class QueuedPodSet:
     """`count` pods of one pod set of a pending Workload, `pod` being each of them."""
 
@@ -58,6 +91,9 @@ class QueuedPodSet:
     name: str
     count: int
     pod: PodRequest
+    # Waiting for quota and asking GPUs, but its queue named no pool: why (it then counts
+    # in the pool its template selects).
+    queue_problem: str | None = None
 
     @property
     def gpus(self) -> float:
@@ -73,6 +109,10 @@ def _list(value: Any) -> list[Any]:
     return value if isinstance(value, list) else []
 
 
+def _name(obj: Mapping[str, Any]) -> str:
+    return str(_map(obj.get("metadata")).get("name") or "")
+
+
 def read_flavors(flavors: Iterable[Mapping[str, Any]]) -> dict[str, Flavor]:
     """ResourceFlavors (JSON form) by name."""
     out = {}
@@ -80,8 +120,46 @@ def read_flavors(flavors: Iterable[Mapping[str, Any]]) -> dict[str, Flavor]:
         spec = _map(obj.get("spec"))
         labels = {str(k): str(v) for k, v in _map(spec.get("nodeLabels")).items()}
         tolerations = tuple(_map(t) for t in _list(spec.get("tolerations")))
-        out[str(_map(obj.get("metadata")).get("name") or "")] = Flavor(labels, tolerations)
+        out[_name(obj)] = Flavor(labels, tolerations)
     return out
+
+
+def _has_quota(quota: Mapping[str, Any]) -> bool:
+    try:
+        return parse_quantity(quota.get("nominalQuota") or 0) > 0
+    except ValueError:
+        return False
+
+
+def _flavors_by_resource(cluster_queue: Mapping[str, Any]) -> dict[str, tuple[str, ...]]:
+    """Per resource, the flavors of a ClusterQueue (JSON form) with nominal quota of it, in
+    the order its resource groups list them (a resource is in one group only)."""
+    out: dict[str, list[str]] = {}
+    for group in map(_map, _list(_map(cluster_queue.get("spec")).get("resourceGroups"))):
+        for flavor in map(_map, _list(group.get("flavors"))):
+            for quota in map(_map, _list(flavor.get("resources"))):
+                if _has_quota(quota):
+                    out.setdefault(str(quota.get("name")), []).append(str(flavor.get("name")))
+    return {resource: tuple(names) for resource, names in out.items()}
+
+
+def read_queues(
+    flavors: Iterable[Mapping[str, Any]],
+    local_queues: Iterable[Mapping[str, Any]] = (),
+    cluster_queues: Iterable[Mapping[str, Any]] = (),
+) -> Queues:
+    """ResourceFlavors, LocalQueues and ClusterQueues (JSON form), read as `Queues`."""
+    local = {}
+    for obj in local_queues:
+        namespace = str(_map(obj.get("metadata")).get("namespace") or "default")
+        target = _map(obj.get("spec")).get("clusterQueue")
+        if target:
+            local[f"{namespace}/{_name(obj)}"] = str(target)
+    return Queues(
+        flavors=read_flavors(flavors),
+        local_queues=local,
+        cluster_queues={_name(obj): _flavors_by_resource(obj) for obj in cluster_queues},
+    )
 
 
 def is_pending(workload: Mapping[str, Any]) -> bool:
@@ -106,9 +184,75 @@ def _assigned_flavor(
     return flavors.get(chosen) if chosen is not None else None
 
 
+def _queue_flavor(
+    workload: Mapping[str, Any], pod: PodRequest, queues: Queues, names: KubeNames
+) -> tuple[Flavor | None, str | None]:
+    """The flavor a pod set waiting for quota targets through its Workload's queue (see the
+    module docstring), or why there is none; (None, None) when it asks no GPU."""
+    asked = [names.gpu_resource] if pod.gpus else []
+    asked += [f"{names.mig_resource_prefix}{profile}" for profile, _ in pod.mig]
+    if not asked:
+        return None, None
+    queue = str(_map(workload.get("spec")).get("queueName") or "")
+    if not queue:
+        return None, "names no LocalQueue (spec.queueName)"
+    local = f"{pod.namespace}/{queue}"
+    if local not in queues.local_queues:
+        return None, f"LocalQueue {local} not found"
+    cluster_queue = queues.local_queues[local]
+    if cluster_queue not in queues.cluster_queues:
+        return None, f"ClusterQueue {cluster_queue} (of LocalQueue {local}) not found"
+    quotas = queues.cluster_queues[cluster_queue]
+    selector = dict(pod.node_selector)
+    for name in quotas.get(asked[0], ()):
+        flavor = queues.flavors.get(name)
+        if (
+            flavor is not None
+            and all(name in quotas.get(resource, ()) for resource in asked[1:])
+            and names.pool_label in flavor.node_labels
+            and all(selector.get(k, v) == v for k, v in flavor.node_labels.items())
+        ):
+            return flavor, None
+    return None, (
+        f"no flavor of ClusterQueue {cluster_queue} with quota of {', '.join(asked)} names a"
+        f" pool ({names.pool_label}) its template allows"
+    )
+
+
+def _pod(
+    namespace: str, name: str, template: Mapping[str, Any], pod_set: Mapping[str, Any]
+) -> dict[str, Any]:
+    """The pod a pod set's `template` makes (JSON form), Kueue's topology request as the
+    podset topology annotations."""
+    annotations = dict(_map(_map(template.get("metadata")).get("annotations")))
+    topology = _map(pod_set.get("topologyRequest"))
+    if topology.get("required"):
+        annotations[REQUIRED_TOPOLOGY_ANNOTATION] = str(topology["required"])
+    elif topology.get("preferred"):
+        annotations[PREFERRED_TOPOLOGY_ANNOTATION] = str(topology["preferred"])
+    return {
+        "metadata": {
+            "namespace": namespace,
+            "name": name,
+            "labels": dict(_map(_map(template.get("metadata")).get("labels"))),
+            "annotations": annotations,
+        },
+        "spec": dict(_map(template.get("spec"))),
+        "status": {"phase": "Pending"},
+    }
+
+
+def _on_flavor(pod: dict[str, Any], flavor: Flavor) -> dict[str, Any]:
+    """`pod` as Kueue makes it for `flavor`: its node labels selected, its taints tolerated."""
+    spec = dict(pod["spec"])
+    spec["nodeSelector"] = {**_map(spec.get("nodeSelector")), **flavor.node_labels}
+    spec["tolerations"] = [*_list(spec.get("tolerations")), *flavor.tolerations]
+    return {**pod, "spec": spec}
+
+
 def queued_pod_sets(
     workload: Mapping[str, Any],
-    flavors: Mapping[str, Flavor],
+    queues: Queues,
     names: KubeNames = KUBE_NAMES,
 ) -> tuple[QueuedPodSet, ...]:
     """The pod sets of `workload` (JSON form) still waiting, each as its pods would be
@@ -126,41 +270,44 @@ def queued_pod_sets(
     out = []
     for pod_set in map(_map, _list(_map(workload.get("spec")).get("podSets"))):
         set_name = str(pod_set.get("name") or "main")
-        template = _map(pod_set.get("template"))
-        spec = dict(_map(template.get("spec")))
-        flavor = (
-            _assigned_flavor(assigned[set_name], flavors, names) if set_name in assigned else None
-        )
-        if flavor is not None:
-            spec["nodeSelector"] = {**_map(spec.get("nodeSelector")), **flavor.node_labels}
-            spec["tolerations"] = [*_list(spec.get("tolerations")), *flavor.tolerations]
-        annotations = dict(_map(_map(template.get("metadata")).get("annotations")))
-        topology = _map(pod_set.get("topologyRequest"))
-        if topology.get("required"):
-            annotations[REQUIRED_TOPOLOGY_ANNOTATION] = str(topology["required"])
-        elif topology.get("preferred"):
-            annotations[PREFERRED_TOPOLOGY_ANNOTATION] = str(topology["preferred"])
-        pod = {
-            "metadata": {
-                "namespace": namespace,
-                "name": f"{name}-{set_name}",
-                "labels": dict(_map(_map(template.get("metadata")).get("labels"))),
-                "annotations": annotations,
-            },
-            "spec": spec,
-            "status": {"phase": "Pending"},
-        }
         count = int(pod_set.get("count", 1) or 0)
-        if count > 0:
-            out.append(QueuedPodSet(f"{namespace}/{name}", set_name, count, read_pod(pod, names)))
+        if count <= 0:
+            continue
+        pod = _pod(namespace, f"{name}-{set_name}", _map(pod_set.get("template")), pod_set)
+        request = read_pod(pod, names)
+        problem = None
+        if set_name in assigned:
+            flavor = _assigned_flavor(assigned[set_name], queues.flavors, names)
+        else:
+            flavor, why = _queue_flavor(workload, request, queues, names)
+            if why is not None:
+                problem = (
+                    f"Kueue Workload {namespace}/{name}: {why}; its pods count in the pool"
+                    f" their template selects ({request.wanted_pool or 'any'})"
+                )
+        if flavor is not None:
+            request = read_pod(_on_flavor(pod, flavor), names)
+        out.append(QueuedPodSet(f"{namespace}/{name}", set_name, count, request, problem))
     return tuple(out)
 
 
-def list_workloads(api: k8s.ApiClient) -> Callable[..., Any]:
-    """The list call of every namespace's Workloads (for an informer: list, then watch)."""
-    return partial(k8s.CustomObjectsApi(api).list_cluster_custom_object, GROUP, VERSION, WORKLOADS)
+class ProblemLog:
+    """Logs each problem when it first appears and not again while it lasts, so one that
+    holds poll after poll (a Workload whose queue is unknown) is said once; one that goes
+    away and comes back is said again."""
+
+    def __init__(self) -> None:
+        self._said: frozenset[str] = frozenset()
+
+    def report(self, problems: Iterable[str | None]) -> None:
+        now = frozenset(p for p in problems if p)
+        for problem in sorted(now - self._said):
+            log.warning("%s", problem)
+        self._said = now
 
 
-def list_flavors(api: k8s.ApiClient) -> Callable[..., Any]:
-    """The list call of the ResourceFlavors (cluster-scoped)."""
-    return partial(k8s.CustomObjectsApi(api).list_cluster_custom_object, GROUP, VERSION, FLAVORS)
+def list_call(api: k8s.ApiClient, plural: str) -> Callable[..., Any]:
+    """The list call of one of Kueue's kinds (`WORKLOADS`, `FLAVORS`, `LOCAL_QUEUES`,
+    `CLUSTER_QUEUES`), every namespace's objects of a namespaced kind (for an informer:
+    list, then watch)."""
+    return partial(k8s.CustomObjectsApi(api).list_cluster_custom_object, GROUP, VERSION, plural)

@@ -1,8 +1,11 @@
 """Kueue's queue in the live loop: pending Workloads as the jobs they will become.
 
-`read_queue` lists Kueue's Workloads and ResourceFlavors once per pass and reads the pod
-sets still waiting (`predictor.telemetry.kueue.queued_pod_sets`: pending, not admitted,
-each pod set in the pool its flavor or node selector targets). `queued_jobs` makes each
+`read_queue` lists Kueue's Workloads, ResourceFlavors, LocalQueues and ClusterQueues once
+per pass and reads the pod sets still waiting (`predictor.telemetry.kueue.queued_pod_sets`:
+pending, not admitted, each pod set in the pool of the flavor its quota is reserved on,
+else of the first flavor its queue would try, else the one its node selector names; the
+collector beside the loop reads the queue the same way and logs, once, why a queue named
+no pool, so the loop, which would say it every pass, does not). `queued_jobs` makes each
 pod set `count` jobs of its pod's shape, one gang per Workload (Kueue admits a Workload's
 pods all together): a pending Workload of 2 pods x 8 GPUs is a gang of two 8-GPU jobs.
 `with_queue` adds them to the cluster snapshot (`ObservedCluster.queued`), so the loop's
@@ -14,18 +17,21 @@ from __future__ import annotations
 
 from collections.abc import Iterable, Sequence
 from dataclasses import replace
+from typing import Any
 
 from kubernetes import client as k8s
 
 from predictor.telemetry.kube_objects import KubeNames, Taint
 from predictor.telemetry.kueue import (
+    CLUSTER_QUEUES,
     FLAVORS,
     GROUP,
+    LOCAL_QUEUES,
     VERSION,
     WORKLOADS,
     QueuedPodSet,
     queued_pod_sets,
-    read_flavors,
+    read_queues,
 )
 from scaler.cluster.job import Job
 from scaler.kube.errors import kube_call
@@ -37,16 +43,17 @@ def read_queue(api: k8s.ApiClient, names: KubeNames) -> list[QueuedPodSet]:
     """The pod sets of every pending Workload. Raises KubeError when the API server
     cannot answer (a cluster without Kueue's CRDs answers 404)."""
     custom = k8s.CustomObjectsApi(api)
-    what = "read Kueue's Workloads and ResourceFlavors"
-    flavors = kube_call(what, lambda: custom.list_cluster_custom_object(GROUP, VERSION, FLAVORS))
-    workloads = kube_call(
-        what, lambda: custom.list_cluster_custom_object(GROUP, VERSION, WORKLOADS)
-    )
-    known = read_flavors(flavors.get("items") or [])
+    what = "read Kueue's Workloads, ResourceFlavors, LocalQueues and ClusterQueues"
+
+    def items(plural: str) -> list[Any]:
+        listing = kube_call(what, lambda: custom.list_cluster_custom_object(GROUP, VERSION, plural))
+        return listing.get("items") or []
+
+    queues = read_queues(items(FLAVORS), items(LOCAL_QUEUES), items(CLUSTER_QUEUES))
     return [
         pod_set
-        for workload in workloads.get("items") or []
-        for pod_set in queued_pod_sets(workload, known, names)
+        for workload in items(WORKLOADS)
+        for pod_set in queued_pod_sets(workload, queues, names)
     ]
 
 

@@ -7,8 +7,8 @@ call is missing here, when a module that calls the API belongs to no component, 
 chart grants more or less than the table says.
 
 CustomObjectsApi's methods (CapacityBuffers, Karpenter's NodePools and NodeClaims, Kueue's
-Workloads) name no resource, so `CUSTOM_OBJECT_CALLS` says per module what they reach;
-`permissions_of` reads both tables.
+Workloads, ResourceFlavors, LocalQueues and ClusterQueues) name no resource, so
+`CUSTOM_OBJECT_CALLS` says per module what they reach; `permissions_of` reads both tables.
 
 `scope` is "cluster" when the call reaches any namespace or a cluster-scoped object
 (ClusterRole), "namespace" when it only touches gpuscale's own namespace: the lease and the
@@ -59,6 +59,7 @@ API_CALLS: dict[str, Permission] = {
 _BUFFERS = "autoscaling.x-k8s.io"
 _KARPENTER = "karpenter.sh"
 _KUEUE = "kueue.x-k8s.io"
+_KUEUE_KINDS = ("workloads", "resourceflavors", "localqueues", "clusterqueues")
 
 # CustomObjectsApi's methods name no resource: what each module reaches with them.
 CUSTOM_OBJECT_CALLS: dict[str, dict[str, tuple[Permission, ...]]] = {
@@ -83,17 +84,17 @@ CUSTOM_OBJECT_CALLS: dict[str, dict[str, tuple[Permission, ...]]] = {
         # Karpenter drains and terminates the node of a NodeClaim deleted.
         "delete_cluster_custom_object": (Permission(_KARPENTER, "nodeclaims", "delete"),),
     },
-    # Kueue's queue: the loop lists it each pass, the collector beside it watches it.
+    # Kueue's queue (Workloads, and the flavors and queues that say where they go): the
+    # loop lists it each pass, the collector beside it watches it.
     "scaler/kube/kueue.py": {
-        "list_cluster_custom_object": (
-            Permission(_KUEUE, "workloads", "list"),
-            Permission(_KUEUE, "resourceflavors", "list"),
+        "list_cluster_custom_object": tuple(
+            Permission(_KUEUE, resource, "list") for resource in _KUEUE_KINDS
         ),
     },
     "predictor/telemetry/kueue.py": {
         "list_cluster_custom_object": tuple(
             Permission(_KUEUE, resource, verb)
-            for resource in ("workloads", "resourceflavors")
+            for resource in _KUEUE_KINDS
             for verb in ("list", "watch")
         ),
     },
