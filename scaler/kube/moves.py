@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import json
 from collections.abc import Iterable, Mapping
-from dataclasses import dataclass
+from dataclasses import asdict, dataclass
 from typing import Any
 
 from kubernetes import client as k8s
@@ -53,18 +53,6 @@ class PlannedMove:
             and pod.controller_uid == self.controller_uid
             and shape_of(job) == self.shape
         )
-
-    def to_json(self) -> dict[str, Any]:
-        return {
-            "id": self.id,
-            "namespace": self.namespace,
-            "controller_uid": self.controller_uid,
-            "controller": self.controller,
-            "shape": list(self.shape),
-            "gpus": list(self.gpus),
-            "at": self.at,
-            "expires": self.expires,
-        }
 
     @classmethod
     def from_json(cls, value: Mapping[str, Any]) -> PlannedMove:
@@ -105,7 +93,7 @@ def read_moves(annotations: Mapping[str, str], names: KubeNames = KUBE_NAMES) ->
 
 def moves_patch(moves: Iterable[PlannedMove], names: KubeNames = KUBE_NAMES) -> dict[str, Any]:
     """A merge patch setting a node's moves (removing the annotation when there are none)."""
-    entries = [m.to_json() for m in moves]
+    entries = [asdict(m) for m in moves]  # the fields are the JSON: `from_json` reads them
     value = json.dumps(entries, sort_keys=True, separators=(",", ":")) if entries else None
     return {"metadata": {"annotations": {names.moves_annotation: value}}}
 
