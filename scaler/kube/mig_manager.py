@@ -25,7 +25,7 @@ instances without starts: where NVML put them is not known from here).
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
@@ -172,13 +172,20 @@ def _held(layout: MigLayout, pod: PodRequest) -> list[tuple[int, str]]:
     return out
 
 
-def layout_annotation(text: str, changed: Mapping[int, Sequence[str]]) -> str:
-    """The layout annotation `text` with the GPUs of `changed` (GPU -> its profiles now)
-    written anew, their starts left out; a GPU with no instance left is dropped."""
+def layout_annotation(text: str, changed: str) -> str:
+    """The layout annotation `text` with the GPUs that `changed` writes (a repartition's
+    layout after, in the same notation) written anew, their starts left out; a GPU with no
+    instance left is dropped."""
+    parts = _by_gpu(text)
+    for gpu, made in _by_gpu(changed).items():
+        parts[gpu] = ",".join(item.partition("@")[0] for item in made.split(",") if item)
+    return ";".join(f"{gpu}={rest}" for gpu, rest in sorted(parts.items()) if rest)
+
+
+def _by_gpu(text: str) -> dict[int, str]:
+    """A layout's parts (`GPU=instances;...`) by GPU. ValueError where a GPU is no number."""
     parts: dict[int, str] = {}
     for part in filter(None, (p.strip() for p in text.split(";"))):
         gpu, _, rest = part.partition("=")
         parts[int(gpu)] = rest
-    for gpu, made in changed.items():
-        parts[gpu] = ",".join(made)
-    return ";".join(f"{gpu}={rest}" for gpu, rest in sorted(parts.items()) if rest)
+    return parts
