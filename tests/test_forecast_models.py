@@ -1,5 +1,6 @@
 """Forecasting models on slices of real traces: no leakage, one answer per question,
-quantiles that never cross, series and horizons the model was not trained on."""
+quantiles that never cross, series and horizons the model was not trained on; the online
+calibration of the default model on integer demand and across a change of regime."""
 
 from __future__ import annotations
 
@@ -12,6 +13,7 @@ import pytest
 from predictor.data.loaders import load_trace
 from predictor.foundation.errors import InputError
 from predictor.models import MODEL_NAMES, BoostParams, build
+from predictor.models.conformal import online_quantile
 from predictor.models.forecast import Forecaster, quantile_column
 
 LEVELS = (0.5, 0.9, 0.99)
@@ -144,3 +146,46 @@ def test_bad_requests_are_input_errors(helios: pd.DataFrame, fitted: dict[str, F
         fitted["gpuscale"].forecast(helios.drop(columns="y"), [1], (0.5,))
     with pytest.raises(InputError, match="not fitted"):
         build("lightgbm").forecast(helios, [1], (0.5,))
+
+
+def _tracked(realised: np.ndarray, lattice: bool, horizon: int, spread_gain: float) -> np.ndarray:
+    n = realised.size
+    return online_quantile(
+        realised,
+        np.full(n, 0.3),
+        np.ones(n),
+        np.full(n, lattice),
+        0.9,
+        horizon,
+        window=2016,
+        minimum=50,
+        gain=0.02,
+        spread_gain=spread_gain,
+        fallback=1.0,
+    )
+
+
+def test_a_quantile_of_integer_demand_sits_on_its_atom_and_is_calibrated() -> None:
+    """Demand that mostly does not move: the p90 is a whole number, mostly the last value
+    itself, and below <= 0.9 <= coverage; where demand is not whole, nothing is rounded."""
+    rng = np.random.default_rng(3)
+    realised = rng.choice([0.0, 8.0, -8.0], size=3000, p=[0.93, 0.04, 0.03])
+    q = _tracked(realised, True, 3, 0.5)[500:]
+    actual = realised[500:]
+    assert np.array_equal(q, np.round(q))
+    assert np.mean(q == 0.0) > 0.5
+    assert np.mean(actual < q) <= 0.9 <= np.mean(actual <= q)
+    continuous = _tracked(realised, False, 3, 0.5)[500:]
+    assert not np.array_equal(continuous, np.round(continuous))
+
+
+def test_the_tracking_step_follows_the_spread_after_a_calm_spell_begins() -> None:
+    """3-hour residuals that were volatile and turn calm: a step scaled by the residuals'
+    spread brings the p90 down within days; a fixed small step still covers every step."""
+    rng = np.random.default_rng(3)
+    realised = np.concatenate([rng.normal(0, 8, 600), rng.normal(0, 1, 1800)]).round()
+    calm = slice(600, 1200)
+    scaled = _tracked(realised, True, 18, 0.5)
+    fixed = _tracked(realised, True, 18, 0.0)
+    assert np.mean(realised[calm] < scaled[calm]) <= 0.9
+    assert np.mean(realised[calm] < fixed[calm]) == 1.0

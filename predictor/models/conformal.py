@@ -7,9 +7,10 @@ after the history it was fitted on: the most recent days are the most informativ
 
 Upper quantiles: the boosted quantile plus a shift learnt from the model's own recent
 out-of-sample errors on the same series and horizon (online split conformal with quantile
-tracking, see `online_shift`): residuals of the holdout model on the holdout, then of the
+tracking, see `online_quantile`): residuals of the holdout model on the holdout, then of the
 deployed model as the targets of later anchors become known. Coverage thus follows a
 series that changes regime, which a model calibrated once on its training window cannot do.
+On demand in whole units (nodes, GPUs) they are whole numbers, as its quantiles are.
 
 Median: persistence plus a shrunk correction, y[s] + lambda * scale * f_0.5(x), lambda
 chosen at every anchor from a small grid on all out-of-sample errors known by then; lambda
@@ -32,40 +33,64 @@ from predictor.models.lgbm import BoostParams, QuantileBoost
 SHRINK_GRID: tuple[float, ...] = (0.0, 0.25, 0.5, 0.75, 1.0)
 
 
-def online_shift(
-    residuals: np.ndarray,
+def online_quantile(
+    realised: np.ndarray,
+    forecast: np.ndarray,
+    scale: np.ndarray,
+    lattice: np.ndarray,
     level: float,
     horizon: int,
     window: int,
     minimum: int,
     gain: float,
+    spread_gain: float,
     fallback: float,
 ) -> np.ndarray:
-    """shift[i] for every anchor i of a span: the `level` quantile (higher order statistic)
-    of the finite residuals[i-h-window+1 .. i-h], whose targets are known at i, plus an
-    integral correction theta.
+    """The `level` quantile of the change at every anchor i of a span (demand units): the
+    boosted change `forecast[i]` plus scale[i] times a shift learnt from the scaled
+    residuals (realised - forecast) / scale whose targets are known at i.
 
-    theta is online quantile tracking (the "I" of conformal PID control, Angelopoulos,
-    Candes and Tibshirani, 2023): when the target of anchor j = i - h becomes known at i,
-    theta -= gain * (covered_j - level). A residual quantile alone over-covers when the
-    residuals have atoms (demand in whole GPUs often does not move at all, so the quantile
-    sits on that atom whatever the level); the tracking brings the long-run coverage to
-    `level`, by small steps around the atom. With fewer than `minimum` residuals in the
-    window the shift is `fallback`.
+    The shift is the `level` quantile (higher order statistic) of the finite residuals
+    [i-h-window+1 .. i-h] plus an integral correction theta, online quantile tracking (the
+    "I" of conformal PID control, Angelopoulos, Candes and Tibshirani, 2023): once the
+    target of anchor j = i - h is known, theta follows the pinball loss's subgradient,
+    down by step * (1 - level) when the realised change fell below the quantile, up by
+    step * level when above it, and not at all when it fell exactly on it.
+
+    The step is `spread_gain * (1 - level)` times the spread of the window's residuals
+    (mean absolute deviation from the running median), and at least `gain`. One step in
+    scaled units would be large for a 10-minute change, which rarely moves, and small for a
+    3-hour one, whose errors come in long bursts and whose shift must move by several units
+    when the series turns calm or busy (the PID paper scales its step by the scores' range
+    in the same way).
+
+    Where the demand is integer-valued (`lattice[i]`) the quantile is rounded to whole
+    units, as a quantile of integer demand is: demand that does not move puts a point mass
+    on the last value, and a quantile on that atom is calibrated (below <= level <=
+    coverage) where a continuous one just above it covers the atom every time. With the
+    zero subgradient on the atom, the long-run share of steps below the quantile is at most
+    `level` and the share at or below it at least `level`. With fewer than `minimum`
+    residuals in the window the shift is `fallback`.
     """
-    n = residuals.size
-    rolled = pd.Series(residuals).rolling(window, min_periods=minimum)
+    n = realised.size
+    residuals = (realised - forecast) / scale
+    series = pd.Series(residuals)
+    rolled = series.rolling(window, min_periods=minimum)
     base = rolled.quantile(level, interpolation="higher").to_numpy()
-    shift = np.full(n, fallback)
+    deviation = (series - rolled.median()).abs().rolling(window, min_periods=minimum).mean()
+    step = np.fmax(gain, spread_gain * (1.0 - level) * deviation.to_numpy())
+    out = forecast + scale * fallback
     theta = 0.0
-    for i in range(horizon, n):
+    for i in range(n):
         j = i - horizon
-        if not np.isfinite(base[j]):
-            continue
-        if np.isfinite(residuals[j]):
-            theta -= gain * (float(residuals[j] <= shift[j]) - level)
-        shift[i] = base[j] + theta
-    return shift
+        if j >= 0 and np.isfinite(base[j]):
+            if np.isfinite(realised[j]):
+                miss = realised[j] - out[j]
+                theta -= step[j] * ((miss < 0) * (1.0 - level) - (miss > 0) * level)
+            out[i] = forecast[i] + scale[i] * (base[j] + theta)
+        if lattice[i]:
+            out[i] = np.round(out[i])
+    return out
 
 
 def shrink_choice(
@@ -92,11 +117,14 @@ class ConformalBoost(DirectForecaster):
 
     `horizons` are trained (others are interpolated); `window` anchors of residuals feed the
     conformal shift (and at least `min_residuals` of them, else the pooled holdout shift is
-    used); `gain` is the quantile-tracking step; `margin` the relative gain a median
+    used); `gain` is the least quantile-tracking step and `spread_gain` the step per unit
+    of the residuals' spread (see `online_quantile`); `margin` the relative gain a median
     correction must show over persistence.
     """
 
     name = "gpuscale"
+    # Artifacts pickled before the spread-scaled step have no instance value.
+    spread_gain: float = 0.5
 
     def __init__(
         self,
@@ -108,6 +136,7 @@ class ConformalBoost(DirectForecaster):
         min_residuals: int = 50,
         margin: float = 0.05,
         gain: float = 0.02,
+        spread_gain: float = 0.5,
         refit: bool = True,
         params: BoostParams | None = None,
     ) -> None:
@@ -120,6 +149,7 @@ class ConformalBoost(DirectForecaster):
         self.min_residuals = min_residuals
         self.margin = margin
         self.gain = gain
+        self.spread_gain = spread_gain
         self.full = QuantileBoost(horizons, levels, holdout=0.0, params=params) if refit else None
         self.fit_end: dict[str, pd.Timestamp] = {}
         self._fallback: dict[int, np.ndarray] = {}
@@ -143,6 +173,7 @@ class ConformalBoost(DirectForecaster):
             "min_residuals": self.min_residuals,
             "margin": self.margin,
             "gain": self.gain,
+            "spread_gain": self.spread_gain,
         }
 
     def _fit(self, series: list[SeriesArrays]) -> None:
@@ -200,28 +231,40 @@ class ConformalBoost(DirectForecaster):
             later = span >= end
             if later.any():
                 offsets[later] = self.full.offsets(s, span[later], h, levels)
-        # Realised scaled change of every anchor in the span whose target is known (inside
-        # the span's own data: position j + h <= last anchor asked for) and out-of-sample.
-        z = np.full(span.size, np.nan)
+        # Realised change of every anchor in the span whose target is known (inside the
+        # span's own data: position j + h <= last anchor asked for) and out-of-sample.
+        realised = np.full(span.size, np.nan)
         known = (span + h <= anchors[-1]) & (span >= cal)
         idx = span[known]
         ok = s.observed[idx] & s.observed[idx + h]
-        z_known = (s.y[idx + h] - s.y[idx]) / scale[known]
-        z[np.flatnonzero(known)] = np.where(ok, z_known, np.nan)
+        realised[np.flatnonzero(known)] = np.where(ok, s.y[idx + h] - s.y[idx], np.nan)
+        # Whole units at an anchor where every value observed so far was whole.
+        whole = np.logical_and.accumulate(~s.observed | (s.y == np.round(s.y)))[span]
 
         pos = anchors - first
         out = np.empty((anchors.size, levels.size))
         fallback = self._fallback_shift(h, levels)
         for j, q in enumerate(levels):
             if q == 0.5:
-                lam = shrink_choice(z, offsets[:, j], self.margin, self.min_residuals)
+                lam = shrink_choice(
+                    realised / scale, offsets[:, j], self.margin, self.min_residuals
+                )
                 # lambda at anchor i is chosen from targets known by then (anchors <= i - h)
                 lam_at = np.concatenate([np.zeros(h), lam[:-h]])[: span.size] if h else lam
-                out[:, j] = lam_at[pos] * offsets[pos, j]
+                out[:, j] = scale[pos] * (lam_at[pos] * offsets[pos, j])
                 continue
-            residuals = z - offsets[:, j]
-            shift = online_shift(
-                residuals, q, h, self.window, self.min_residuals, self.gain, fallback[j]
+            change = online_quantile(
+                realised,
+                scale * offsets[:, j],
+                scale,
+                whole,
+                q,
+                h,
+                self.window,
+                self.min_residuals,
+                self.gain,
+                self.spread_gain,
+                fallback[j],
             )
-            out[:, j] = offsets[pos, j] + shift[pos]
-        return s.y[anchors, None] + scale[pos, None] * out
+            out[:, j] = change[pos]
+        return s.y[anchors, None] + out
