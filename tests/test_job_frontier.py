@@ -207,12 +207,12 @@ def test_gpuscale_simulate_synthetic_frontier_json(tmp_path: Path) -> None:
         ("reactive", None, False),
         *[("headroom", k, False) for k in (1, 2, 3, 4)],
         ("predictive", 0.01, False),
-        ("predictive", 0.5, True),
+        ("predictive", 0.2, True),
     ]
     for r in summary["rows"]:
         assert set(r) >= ROW_FIELDS
         assert r["wait_p99_min"] >= r["wait_p95_min"] >= 0
-    assert [m["knob"] for m in summary["matched"]] == [0.01, 0.5]
+    assert [m["knob"] for m in summary["matched"]] == [0.01, 0.2]
     assert set(summary["matched"][0]) >= {
         "cheapest_no_more_wait",
         "gpu_hours_saving",

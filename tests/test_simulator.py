@@ -81,7 +81,8 @@ def flat_outlook(gpus: float, minutes: int) -> dict[str, np.ndarray]:
     return {"gpu": np.full((minutes // 10 + 1, 2, len(LEVELS)), float(gpus))}
 
 
-def run_modes(job_list: pd.DataFrame, forecast_gpus: float, minutes: int = 90) -> dict:
+def run_modes(job_list: pd.DataFrame, spare: int, minutes: int = 90) -> dict:
+    """reactive, and headroom with `spare` nodes held by placeholders."""
     return {
         mode: simulate_jobs(
             job_list,
@@ -91,10 +92,11 @@ def run_modes(job_list: pd.DataFrame, forecast_gpus: float, minutes: int = 90) -
             BEGIN,
             BEGIN + pd.Timedelta(minutes=minutes),
             PlannerPolicy(mode="predictive"),
-            flat_outlook(forecast_gpus, minutes),
+            flat_outlook(0.0, minutes),
             LEVELS,
+            spare=spare if mode == "headroom" else 0,
         )
-        for mode in ("reactive", "predictive")
+        for mode in ("reactive", "headroom")
     }
 
 
@@ -227,22 +229,22 @@ def test_jobs_on_a_reclaimed_spot_node_wait_again_and_all_finish() -> None:
 
 
 def test_a_placeholder_is_preempted_by_a_real_job() -> None:
-    # The forecast asks for two nodes from the first step: predictive mode buys them, holds
-    # them with placeholders, and the job at 40 evicts one and starts at once, where the
-    # reactive baseline only asks for a node when the job arrives.
-    results = run_modes(jobs((40.0, 8, 1000, 30)), forecast_gpus=16)
-    predictive, reactive = results["predictive"], results["reactive"]
-    assert predictive.waits.tolist() == [0.0]
-    assert predictive.placeholders_preempted == 1
+    # Two spare nodes from the start, held with placeholders: the job at 40 evicts one and
+    # starts at once (and a spare node is asked for again), where the reactive baseline
+    # only asks for a node when the job arrives.
+    results = run_modes(jobs((40.0, 8, 1000, 30)), spare=2)
+    spare, reactive = results["headroom"], results["reactive"]
+    assert spare.waits.tolist() == [0.0]
+    assert spare.placeholders_preempted == 1
     assert reactive.waits.tolist() == [10.0]
     assert reactive.placeholders_preempted == 0
-    assert predictive.fleet["nodes"].max() == 2
+    assert spare.fleet["nodes"].max() == 3
 
 
 def test_a_gang_preempts_the_placeholders_of_the_nodes_it_takes() -> None:
-    results = run_modes(jobs((40.0, 16, 1000, 30)), forecast_gpus=16)
-    assert results["predictive"].waits.tolist() == [0.0]
-    assert results["predictive"].placeholders_preempted == 2
+    results = run_modes(jobs((40.0, 16, 1000, 30)), spare=2)
+    assert results["headroom"].waits.tolist() == [0.0]
+    assert results["headroom"].placeholders_preempted == 2
     assert results["reactive"].waits.tolist() == [10.0]
 
 
@@ -278,7 +280,7 @@ def test_the_reactive_estimate_needs_no_ready_node(monkeypatch: pytest.MonkeyPat
         for g, milli, d in [(1, 250, 25), (2, 1000, 15), (16, 1000, 12), (1, 1000, 40)]
     ]
     run(jobs(*burst), minutes=90, min_size=1)
-    run_modes(jobs(*burst), forecast_gpus=24)
+    run_modes(jobs(*burst), spare=3)
     assert len(checked) > 10 and max(checked) > 3
 
 
@@ -332,7 +334,8 @@ def test_predictive_cuts_waiting_on_the_synthetic_workload() -> None:
         start=start,
         end=end,
         warmup=pd.Timedelta(hours=6),
-        policy=PlannerPolicy(mode="predictive", target_shortage=0.2),
+        # The spare is sized on the node requests of the warm-up (6 hours, not a day).
+        policy=PlannerPolicy(mode="predictive", target_shortage=0.2, tuning_min_steps=36),
     )
     reactive, predictive = comparison.rows()
     assert reactive["jobs"] == predictive["jobs"] > 100

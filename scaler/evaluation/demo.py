@@ -193,10 +193,11 @@ def _write_report(
         "",
         "Nodes take 10 minutes to boot. The reactive scaler only asks for a node once a job "
         "is already waiting; spare nodes are bought whatever the demand; the predictive "
-        "scaler tunes each pool's spare capacity on the pool's own recent demand (the "
-        "cheapest of a family of buffer rules, its forecast among them, that kept short "
-        "steps within its service-level knob) and asks a boot time ahead, on top of what "
-        "waiting jobs need. Of the 1-4 spare nodes per pool tried, the row "
+        "scaler sets each pool's spare nodes on top of what jobs use or wait for from the "
+        "whole nodes jobs asked for (a gang all at once): replayed under every spare level "
+        "and scaled by their rate at the hour ahead, they show which spare saves more "
+        "waiting than it costs, at one price of waiting for every pool, set by its "
+        "service-level knob. Of the 1-4 spare nodes per pool tried, the row "
         "shown is the cheapest that waits no more than predictive (in GPU-minutes), or the "
         "least waiting if none does.",
         "",

@@ -36,8 +36,9 @@ from scaler.planning.planner import PlannerPolicy
 from scaler.providers.simulated import SimulatedCloudConfig
 
 HEADROOM_NODES = (1, 2, 3, 4)  # spare nodes per pool of the `headroom` rows
-# Target shortages of a frontier: the trace protocol's 0.001-0.1, and 0.2 and 0.3 on the way
-# to the job-level default (0.5), where the headroom rows' GPU-hours lie.
+# Knobs of a frontier: the trace protocol's 0.001-0.1 and 0.2-0.3. At job level (the share
+# of the requested GPUs' boot time they wait) 0.1-0.3 lie among the headroom rows'
+# GPU-hours; 0.03 and below hold more spare than 4 nodes per pool.
 FRONTIER_KNOBS = (0.001, 0.003, 0.01, 0.03, 0.1, 0.2, 0.3)
 BASELINES = ("reactive", "headroom")
 

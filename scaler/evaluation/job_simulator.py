@@ -23,9 +23,13 @@ nodes, and every scheduling question goes to the placement engine, as in the liv
   nodes reactive keeps. Those k nodes' worth are held by placeholders, taken by real jobs
   first (they preempt them) and then provisioned again, as evicted placeholder pods pend
   and Cluster Autoscaler scales up for them.
-- `predictive`: every 10-minute step the planner sizes each pool from the forecast of its
-  demand over the boot time (pre-positioning); between steps, the same minute-level
-  reactive check adds nodes at once when jobs wait (scale-down left to the forecast).
+- `predictive`: `headroom` with the spare nodes the planner sets per pool every 10-minute
+  step, as it sets a `CapacityBuffer`'s replicas: its job-level input is the node requests
+  the minute loop saw (each rise of a pool's reactive demand, a gang all at once), and it
+  holds the spare that those requests, replayed under every spare level and scaled by
+  their rate at the hour ahead, show to be worth its GPU-hours at one price of waiting for
+  all pools (`planning.job_spare`; the knob is the share of the requested GPUs' boot time
+  they may wait).
 
 In `predictive` and `headroom` modes every ready node that runs no real job holds one
 placeholder job (its GPUs, and the CPU and memory of the mix's common whole-GPU shape as
@@ -67,6 +71,7 @@ from scaler.placement.policies import DEFAULT_POLICY, Policy, make_policy
 from scaler.placement.preemption import preempt
 from scaler.placement.queue import Order, QueuePolicy, admission_order
 from scaler.placement.scale_down import check_removals
+from scaler.planning.job_spare import NodeRequests
 from scaler.planning.planner import (
     DemandOutlook,
     FleetCapacity,
@@ -87,12 +92,12 @@ from scaler.providers.simulated import (
 STEP_MINUTES = 10
 UNNEEDED_MINUTES = 10
 WARMUP = pd.Timedelta(days=2)
-# The planner pre-positions per 10-minute step and the minute-level reactive floor adds
-# nodes the moment jobs wait, so the per-step knob means far less waiting than in a trace
-# replay. 0.5 was kept on the synthetic workload's seed 1 with the tuned-buffer planner
-# (76.4k GPU-hours against reactive's 75.7k, 5 % fewer GPU-minutes waited, dominated by no
-# headroom row); the product default (0.001) there buys near-zero waits for +49 % GPU-hours.
-JOB_LEVEL_TARGET_SHORTAGE = 0.5
+# At job level the knob is the share of the requested GPUs' boot time they may wait
+# (`planning.job_spare`; a reactive autoscaler's share is about 1). 0.2 was chosen on the
+# synthetic workload's validation seeds 10-14 (21 days, `--frontier`): 3.4-4.7 % fewer
+# GPU-hours than the baselines' frontier at the same GPU-minutes waited and 22-34 % fewer
+# GPU-minutes waited at the same GPU-hours, where 0.5 was within -0.5 to +1.4 % of it.
+JOB_LEVEL_TARGET_SHORTAGE = 0.2
 # Arrival order: what the first-fit simulator did, so its figures stay comparable.
 DEFAULT_QUEUE: Order = "fifo"
 PLACEHOLDER_PRIORITY = -1
@@ -644,6 +649,10 @@ def simulate_jobs(
     demand_memo: dict[str, tuple[DemandKey, int]] = {}
     demand_seen: Mapping[str, int] | None = None  # the nodes the outlooks below were made of
     reactive: tuple[DemandOutlook, ...] = ()
+    spares = {p.name: spare for p in pools}  # spare nodes wanted on top of reactive demand
+    spares_seen: Mapping[str, int] | None = None
+    requests: dict[str, list[tuple[int, int]]] = {p.name: [] for p in pools}  # (minute, nodes)
+    last_nodes: Mapping[str, int] = {}
     observed: dict[str, float] = {}
     shape_memo: dict[tuple[str, ShapeKey], int] = {}  # see observe
     estimate = ScaleUpEstimate(pools={})
@@ -656,7 +665,6 @@ def simulate_jobs(
             "step_seconds": 60.0,
             # Samples are instants: 11 of them, a minute apart, span the 10 minutes.
             "unneeded_steps": UNNEEDED_MINUTES + 1,
-            "scale_down_enabled": mode != "predictive",
         }
     )
     step_policy = policy.model_copy(update={"step_seconds": STEP_MINUTES * 60.0})
@@ -789,15 +797,13 @@ def simulate_jobs(
             scheduler.requeued.clear()
 
         demand = observe()
-        if demand.nodes != demand_seen:  # else the outlooks of the minute before hold
-            reactive = demand.outlooks(pools)
-            observed = {o.group: o.observed for o in reactive}
-            demand_seen = demand.nodes
-            if spare:  # the buffer's nodes are wanted on top, as pending placeholder pods
-                buffered = {name: n + spare for name, n in demand.nodes.items()}
-                reactive = ReactiveDemand(buffered, demand.estimate).outlooks(pools)
+        if demand.nodes != demand_seen:
+            observed = {o.group: o.observed for o in demand.outlooks(pools)}
         for name, value in observed.items():
             step_peak[name] = max(step_peak[name], value)
+        for name, nodes in demand.rises(last_nodes).items():
+            requests[name].append((minute, nodes))
+        last_nodes = demand.nodes
         at = first_minute + timedelta(minutes=minute)
 
         if mode == "predictive" and minute % STEP_MINUTES == 0 and minute:
@@ -809,14 +815,26 @@ def simulate_jobs(
                     levels=levels,
                     values=outlooks[p.name][step],
                     gpu_models=frozenset({p.gpu_model}),
+                    requests=NodeRequests(
+                        tuple(float(minute - t) for t, _ in requests[p.name]),
+                        tuple(n for _, n in requests[p.name]),
+                    ),
                 )
                 for p in pools
             ]
+            requests = {p.name: [] for p in pools}
             decided = plan(outlook, _fleet(groups, cluster, at), pools, step_policy, step_memory)
             step_memory = decided.memory
-            actions += _apply(decided.desired, groups, cluster, engine)
+            spares = {n.group: n.spare_nodes or 0 for n in decided.needs}
         if minute % STEP_MINUTES == 0:  # a new step: its peak starts from this minute
             step_peak = dict(observed)
+
+        if demand.nodes != demand_seen or spares != spares_seen:
+            # else the outlooks of the minute before hold; the spare nodes are wanted on
+            # top, as pending placeholder pods or a CapacityBuffer's replicas are
+            buffered = {name: n + spares[name] for name, n in demand.nodes.items()}
+            reactive = ReactiveDemand(buffered, demand.estimate).outlooks(pools)
+            demand_seen, spares_seen = demand.nodes, spares
 
         decided = plan(reactive, _fleet(groups, cluster, at), pools, minute_policy, minute_memory)
         minute_memory = decided.memory

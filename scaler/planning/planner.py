@@ -24,6 +24,10 @@ sustained over the last few steps) in whole
 nodes of the group's pool and follows the cheapest one whose share of short steps stayed
 within the service-level knob `target_shortage`. Nodes already booting count as capacity
 on the way, so the planner never launches twice for one need.
+
+Where the caller sees the jobs (`DemandOutlook.requests`: the whole nodes they asked for
+since the previous call), a group's spare is sized on those requests instead: every spare
+level replayed over them, one price of waiting for all such groups (`job_spare`).
 """
 
 from __future__ import annotations
@@ -31,7 +35,7 @@ from __future__ import annotations
 import functools
 import math
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from datetime import datetime, time
 from typing import Literal
 
@@ -46,6 +50,7 @@ from scaler.planning.buffer_tuning import (
     replay_rules,
     target_of,
 )
+from scaler.planning.job_spare import GroupSpare, NodeRequests, SpareReplay, choose_spares
 from scaler.planning.margin import ConformalMargin
 
 Mode = Literal["static", "reactive", "predictive", "hybrid"]
@@ -140,6 +145,9 @@ class DemandOutlook:
     `values[k-1, j]` is the forecast quantile `levels[j]` of demand at the k-th step after
     the last observation (row 0 = the step being decided); `observed` is the demand of the
     last step (GPUs). `gpu_models` limits which pools may serve it (None: any).
+    `requests` is job-level input, from a caller that sees the jobs (the job simulator): the
+    whole nodes they asked for since the previous call; where given, the group's spare
+    nodes are sized on them (`job_spare`) instead of on the demand history.
     """
 
     group: str
@@ -147,6 +155,7 @@ class DemandOutlook:
     levels: tuple[float, ...] = ()
     values: np.ndarray = field(default_factory=lambda: np.empty((0, 0)))
     gpu_models: frozenset[str] | None = None
+    requests: NodeRequests | None = None
 
     def quantile(self, level: float) -> np.ndarray:
         """Forecast of `level` over every row (exact level, as the planner asks for)."""
@@ -206,6 +215,7 @@ class GroupMemory:
     bound_nodes: np.ndarray = field(default_factory=lambda: np.empty(0))
     tuned: RuleRecord | None = None  # the rule followed, as of the step it was chosen
     tuned_step: int = 0
+    spare_replay: SpareReplay | None = None  # job level: the spare levels replayed
 
     def with_recent(self, recent: tuple[float, ...]) -> GroupMemory:
         """This memory with other recent observations (`dataclasses.replace` costs several
@@ -222,6 +232,7 @@ class GroupMemory:
             self.bound_nodes,
             self.tuned,
             self.tuned_step,
+            self.spare_replay,
         )
 
 
@@ -244,6 +255,7 @@ class GroupNeed:
     keep: float
     reason: str
     inputs: Mapping[str, float]
+    spare_nodes: int | None = None  # job level: spare nodes on top of the nodes in use or asked
 
 
 @dataclass(frozen=True, slots=True)
@@ -320,10 +332,11 @@ def plan(
     group_memory = dict(memory.groups)
     needs: list[GroupNeed] = []
     if policy.mode != "static":
+        spares = _job_level_spares(outlooks, group_memory, fleet.at, pools, policy, step)
         for outlook, group_lead in zip(outlooks, routing.group_lead, strict=True):
             old = group_memory.get(outlook.group) or GroupMemory()
             need, group_memory[outlook.group] = _group_need(
-                outlook, old, policy, group_lead, step, pools
+                outlook, old, policy, group_lead, step, pools, spares.get(outlook.group)
             )
             needs.append(need)
 
@@ -360,13 +373,66 @@ def plan(
 # --------------------------------------------------------------------------- demand side
 
 
-def _node_gpus(pools: Sequence[NodePool], outlook: DemandOutlook, objective: Objective) -> int:
-    """GPUs per node of the pool a group grows first (the cheapest per GPU it may use): the
-    unit its spare capacity is tuned in."""
+def _first_pool(
+    pools: Sequence[NodePool], outlook: DemandOutlook, objective: Objective
+) -> NodePool | None:
+    """The pool a group grows first (the cheapest per GPU it may use): its spare capacity
+    is sized in that pool's nodes."""
     allowed = [p for p in pools if _serves(p, outlook)]
     if not allowed:
-        return 1
-    return min(allowed, key=lambda p: (_unit_cost(p, objective), -p.gpus_per_node)).gpus_per_node
+        return None
+    return min(allowed, key=lambda p: (_unit_cost(p, objective), -p.gpus_per_node))
+
+
+def _node_gpus(pools: Sequence[NodePool], outlook: DemandOutlook, objective: Objective) -> int:
+    """GPUs per node of the pool a group grows first: the unit its spare is tuned in."""
+    pool = _first_pool(pools, outlook, objective)
+    return 1 if pool is None else pool.gpus_per_node
+
+
+def _job_level_spares(
+    outlooks: Sequence[DemandOutlook],
+    group_memory: dict[str, GroupMemory],
+    at: datetime,
+    pools: Sequence[NodePool],
+    policy: PlannerPolicy,
+    step: int,
+) -> dict[str, tuple[int, str]]:
+    """The spare nodes of the groups with job-level input (`DemandOutlook.requests`), and
+    why: each group's replay takes in its requests (stored in `group_memory`); once a group
+    has `tuning_min_steps` of them, one price of waiting sets every such group's spare
+    (`job_spare.choose_spares`); until then it holds none."""
+    if policy.mode not in ("predictive", "hybrid"):
+        return {}
+    minute = step * policy.step_seconds / 60
+    tuned: dict[str, GroupSpare] = {}
+    learning: list[str] = []
+    for outlook in outlooks:
+        pool = _first_pool(pools, outlook, policy.objective)
+        if outlook.requests is None or pool is None:
+            continue
+        old = group_memory.get(outlook.group) or GroupMemory()
+        replay = (old.spare_replay or SpareReplay.start(minute)).observe(
+            outlook.requests, minute, at, pool.gpus_per_node, pool.boot_seconds / 60
+        )
+        group_memory[outlook.group] = replace(old, spare_replay=replay)
+        if replay.hours.sum() * 3600 >= policy.tuning_min_steps * policy.step_seconds:
+            tuned[outlook.group] = GroupSpare(
+                replay, pool.gpus_per_node, pool.boot_seconds / 60, pool.max_size
+            )
+        else:
+            learning.append(outlook.group)
+    out = {g: (0, "job-level spare: learning the node requests") for g in learning}
+    if tuned:
+        choice = choose_spares(tuned, policy.target_shortage, at)
+        for group, nodes in choice.nodes.items():
+            out[group] = (
+                nodes,
+                f"job-level spare {nodes} node(s) (waiting priced {choice.price:.3g} GPU-min"
+                f" per GPU-h: replayed wait share {choice.share:.3f}, knob"
+                f" {policy.target_shortage:g})",
+            )
+    return out
 
 
 def _group_need(
@@ -376,7 +442,9 @@ def _group_need(
     lead: int,
     step: int,
     pools: Sequence[NodePool],
+    spare: tuple[int, str] | None = None,
 ) -> tuple[GroupNeed, GroupMemory]:
+    """`spare`: job level, the group's spare nodes and why (`_job_level_spares`)."""
     observed = float(outlook.observed)
     window = max(policy.unneeded_steps, 2)
     recent = (*old.recent[1 - window :], observed)
@@ -454,7 +522,13 @@ def _group_need(
     observed_nodes = np.append(old.observed_nodes, observed / node_gpus)[-history:]
     bound_nodes = np.append(old.bound_nodes, keep / node_gpus)[-history:]
     tuned, tuned_step = old.tuned, old.tuned_step
-    if observed_nodes.size - 1 - (rows - 1) >= policy.tuning_min_steps:
+    if spare is not None:
+        # Job level: the spare rides on the nodes in use or asked for now (`job_spare`).
+        nodes = math.ceil(observed / node_gpus - 1e-9) + spare[0]
+        add_to = keep = bound_now = float(nodes * node_gpus)
+        reason = f"{spare[1]} on {nodes - spare[0]} in use or asked, of {node_gpus} GPUs"
+        inputs["spare_nodes"] = spare[0]
+    elif observed_nodes.size - 1 - (rows - 1) >= policy.tuning_min_steps:
         if tuned is None or step - tuned_step >= policy.retune_steps:
             tuned = cheapest_within(
                 replay_rules(observed_nodes, bound_nodes, rows - 1), policy.target_shortage
@@ -491,8 +565,10 @@ def _group_need(
         bound_nodes=bound_nodes,
         tuned=tuned,
         tuned_step=tuned_step,
+        spare_replay=old.spare_replay,
     )
-    return GroupNeed(outlook.group, add_to, keep, reason, inputs), new
+    spare_nodes = None if spare is None else spare[0]
+    return GroupNeed(outlook.group, add_to, keep, reason, inputs, spare_nodes), new
 
 
 # --------------------------------------------------------------------------- supply side

@@ -44,6 +44,16 @@ class ReactiveDemand:
             for p in pools
         )
 
+    def rises(self, before: Mapping[str, int]) -> dict[str, int]:
+        """The nodes each pool's demand rose by since `before` (pools seen then only): the
+        whole nodes jobs asked for in between, a gang all at once, which the planner sizes
+        job-level spare on (`planning.job_spare`)."""
+        return {
+            pool: nodes - before[pool]
+            for pool, nodes in self.nodes.items()
+            if pool in before and nodes > before[pool]
+        }
+
 
 def busy_nodes(
     state: ClusterState | None, also: Sequence[str] = (), pool_label: str = POOL_LABEL

@@ -1,0 +1,169 @@
+"""Job-level spare nodes (`planning.job_spare`): the replay of each spare level over the
+node requests, the one price of waiting, the planner's job-level input, and the job
+simulator's predictive mode holding the planner's spare on top of reactive demand."""
+
+from __future__ import annotations
+
+from datetime import datetime, timedelta
+
+import numpy as np
+import pandas as pd
+import pytest
+from test_simulator import BEGIN, LEVELS, flat_outlook, gpu_pool, jobs
+
+import scaler.planning.job_spare as job_spare
+from scaler.evaluation.job_simulator import simulate_jobs
+from scaler.placement.estimator import ScaleUpEstimate
+from scaler.planning.job_spare import (
+    BUCKETS,
+    GroupSpare,
+    NodeRequests,
+    SpareReplay,
+    choose_spares,
+    hour_bucket,
+)
+from scaler.planning.planner import (
+    DemandOutlook,
+    FleetCapacity,
+    PlannerPolicy,
+    PoolCapacity,
+    plan,
+)
+from scaler.planning.reactive import ReactiveDemand
+
+MONDAY = datetime(2024, 1, 1)  # a Monday
+
+
+def replayed(requests: list[tuple[float, int]], boot: float = 10.0) -> SpareReplay:
+    """One call at minute 60 taking in `requests` (minute, nodes) of 8-GPU nodes."""
+    return SpareReplay.start(0.0).observe(
+        NodeRequests(tuple(60.0 - t for t, _ in requests), tuple(n for _, n in requests)),
+        60.0,
+        MONDAY + timedelta(hours=1),
+        8,
+        boot,
+    )
+
+
+def test_a_request_within_the_spare_waits_nothing_and_a_larger_one_a_boot() -> None:
+    waited = replayed([(5.0, 1)]).waited
+    assert waited[0] == 8 * 10  # no spare: one node, a whole boot
+    assert (waited[1:] == 0).all()
+    gang = replayed([(5.0, 4)]).waited  # a gang of four gains nothing from fewer than four
+    assert (gang[:4] == 4 * 8 * 10).all() and (gang[4:] == 0).all()
+
+
+def test_a_spare_node_taken_is_back_one_boot_later() -> None:
+    # Spare 1: the node taken at 5 is replaced at 15, so a request at 8 waits 7 minutes and
+    # one at 20 none; spare 2 serves both at once.
+    waited = replayed([(5.0, 1), (8.0, 1), (20.0, 1)]).waited
+    assert waited[1] == 8 * 7
+    assert waited[2] == 0
+    assert replayed([(5.0, 1), (8.0, 1)]).free[2] == 0  # both taken, both on the way
+
+
+def test_the_replay_counts_the_hours_and_the_gpus_requested_by_hour_of_week() -> None:
+    replay = replayed([(5.0, 2)])
+    assert replay.hours.sum() == pytest.approx(1.0)
+    assert replay.requested[hour_bucket(MONDAY)] == 16
+    assert hour_bucket(MONDAY + timedelta(days=5, hours=3)) == 27  # Saturday, 3 am
+    with pytest.raises(ValueError, match="one time per request"):
+        NodeRequests((1.0,), ())
+
+
+def history(gangs_per_day: int, days: int = 7, gang: int = 4) -> SpareReplay:
+    """A week of calls every 10 minutes with `gangs_per_day` gangs of `gang` nodes, all
+    in the afternoon (14:00-17:00)."""
+    replay = SpareReplay.start(0.0)
+    for call in range(1, days * 144 + 1):
+        at = MONDAY + timedelta(minutes=10 * call)
+        afternoon = 14 <= at.hour < 17 and call % (18 // max(gangs_per_day, 1)) == 0
+        n = 1 if afternoon and gangs_per_day else 0
+        replay = replay.observe(NodeRequests((5.0,) * n, (gang,) * n), 10.0 * call, at, 8, 10.0)
+    return replay
+
+
+def test_one_price_buys_spare_where_it_saves_most_waiting() -> None:
+    busy, quiet = history(6), history(1)
+    groups = {g: GroupSpare(r, 8, 10.0, 32) for g, r in (("busy", busy), ("quiet", quiet))}
+    afternoon, night = MONDAY + timedelta(hours=15), MONDAY + timedelta(hours=3)
+    # Without spare every request waits a boot (share 1): a knob of 1 allows that.
+    loose = choose_spares(groups, 1.0, afternoon)
+    assert loose.nodes == {"busy": 0, "quiet": 0}
+    tight = choose_spares(groups, 0.05, afternoon)
+    assert tight.share <= 0.05
+    # The gang's four nodes, not fewer, where gangs come often; none where they are rare.
+    assert tight.nodes == {"busy": 4, "quiet": 0}
+    # At a looser knob the busy hours keep theirs and the night goes without.
+    assert choose_spares(groups, 0.5, afternoon).nodes["busy"] == 4
+    assert choose_spares(groups, 0.5, night).nodes["busy"] == 0
+    capped = choose_spares({"busy": GroupSpare(busy, 8, 10.0, 2)}, 0.01, afternoon)
+    assert capped.nodes == {"busy": 2}
+
+
+def test_nothing_requested_holds_no_spare() -> None:
+    replay = SpareReplay.start(0.0).observe(NodeRequests(), 600.0, MONDAY, 8, 10.0)
+    choice = choose_spares({"g": GroupSpare(replay, 8, 10.0, 10)}, 0.01, MONDAY)
+    assert choice.nodes == {"g": 0} and choice.share == 0
+    assert replay.waited.shape == (job_spare.LEVELS,) and replay.requested.shape == (BUCKETS,)
+
+
+def outlook(requests: NodeRequests | None, observed: float = 16.0) -> DemandOutlook:
+    return DemandOutlook(
+        "gpu",
+        observed,
+        LEVELS,
+        np.full((2, len(LEVELS)), observed),
+        gpu_models=frozenset({"A100"}),
+        requests=requests,
+    )
+
+
+def test_the_planner_sizes_the_spare_on_job_level_input_only() -> None:
+    pool = gpu_pool(max_size=20)
+    policy = PlannerPolicy(target_shortage=0.05, tuning_min_steps=6)
+    fleet = FleetCapacity(MONDAY, (PoolCapacity("gpu", 2),))
+    trace_memory = job_memory = None
+    for step in range(12):
+        at = MONDAY + timedelta(minutes=10 * step)
+        now = FleetCapacity(at, fleet.pools)
+        trace = plan([outlook(None)], now, [pool], policy, trace_memory)
+        job = plan([outlook(NodeRequests((3.0,), (2,)))], now, [pool], policy, job_memory)
+        trace_memory, job_memory = trace.memory, job.memory
+        assert trace.needs[0].spare_nodes is None
+    (need,) = job.needs
+    assert need.spare_nodes == 2  # every step a request of two nodes, which waiting costs
+    assert need.add_to == need.keep == (2 + 2) * 8  # on the two nodes in use
+    assert "job-level spare 2 node(s)" in need.reason
+    assert job.desired == {"gpu": 4}
+    # Until a group has `tuning_min_steps` of requests it holds none.
+    first = plan([outlook(NodeRequests((3.0,), (2,)))], fleet, [pool], policy)
+    assert first.needs[0].spare_nodes == 0
+
+
+def test_predictive_mode_holds_the_planner_spare_on_top_of_reactive_demand() -> None:
+    # An 8-GPU job every hour for a day: reactive makes each wait a boot; predictive learns
+    # that one spare node serves them all and holds it, preempted and asked again.
+    stream = jobs(*[(float(m), 8, 1000, 20) for m in range(5, 24 * 60, 60)])
+    minutes = 24 * 60
+    common = (
+        [gpu_pool(min_size=0)],
+        BEGIN,
+        BEGIN + pd.Timedelta(hours=12),
+        BEGIN + pd.Timedelta(minutes=minutes),
+    )
+    policy = PlannerPolicy(target_shortage=0.1, tuning_min_steps=36)
+    reactive = simulate_jobs(stream, common[0], "reactive", *common[1:], policy)
+    predictive = simulate_jobs(
+        stream, common[0], "predictive", *common[1:], policy, flat_outlook(0.0, minutes), LEVELS
+    )
+    assert (reactive.waits == 10).all()
+    assert (predictive.waits == 0).all()
+    assert predictive.placeholders_preempted >= predictive.waits.size
+    assert reactive.gpu_hours < predictive.gpu_hours < reactive.gpu_hours + 8 * 12 + 1
+
+
+def test_node_requests_are_the_rises_of_reactive_demand() -> None:
+    demand = ReactiveDemand({"a100": 7, "h100": 1, "t4": 3}, ScaleUpEstimate(pools={}))
+    assert demand.rises({"a100": 3, "h100": 2}) == {"a100": 4}  # a gang of four at once
+    assert demand.rises({}) == {}
