@@ -521,9 +521,9 @@ def simulate(
         float | None,
         typer.Option(
             "--target-shortage",
-            help="The service knob of our policy: share of steps allowed short (default: the"
-            " planner's for a replay; a looser job-level one for --synthetic, where a"
-            " reactive floor adds nodes between steps the moment jobs wait).",
+            help="The service knob of our policy. A replay (default: the planner's): the share"
+            " of steps allowed short. --synthetic (default 0.2): the share of the boot time"
+            " requested GPUs may wait (a purely reactive autoscaler waits about one boot: 1.0).",
         ),
     ] = None,
     workload: Annotated[
