@@ -10,6 +10,7 @@ from scaler.cluster.predicates import feasible
 from scaler.placement import POLICIES, ClusterState, Placement, WorkloadMix, make_policy, place
 from scaler.placement.fragmentation import FragmentationModel
 from scaler.placement.mix import JobShape
+from scaler.placement.policies.leftover import expected_leftover
 
 
 def reference_fragmentation(state: ClusterState, node: int, mix: WorkloadMix) -> float:
@@ -171,6 +172,48 @@ def test_gpuscale_sends_cpu_hungry_jobs_where_cpu_is_spare() -> None:
     )
     decision = place(state, job("cpu", 32), make_policy("gpuscale", mix=mix))
     assert isinstance(decision, Placement) and decision.node == "t4"
+
+
+# 600s are half the GPU jobs, 400s a quarter, whole GPUs the rest: a GPU with 600 free
+# is soon filled, one with 200 free never is.
+SIX_FOUR = WorkloadMix(
+    (JobShape(2000, 600, 1), JobShape(2000, 400, 1), JobShape(4000, 1000, 1)),
+    (0.5, 0.25, 0.25),
+    (1024.0, 1024.0, 1024.0),
+)
+
+
+def test_expected_leftover_of_a_mix() -> None:
+    leftover = expected_leftover(SIX_FOUR)
+    free = np.arange(1001)
+    # Below the smallest sharing job nothing ever fits; an idle GPU goes to a whole job.
+    assert np.array_equal(leftover[:400], free[:400]) and leftover[1000] == 0
+    assert np.all((leftover >= 0) & (leftover <= free))
+    # 600 free is mostly filled by a 600 job; 400 free waits for the rarer 400s.
+    assert leftover[600] < 0.25 * 600 and leftover[600] < leftover[400]
+    assert expected_leftover(SIX_FOUR) is leftover and not leftover.flags.writeable
+    whole_only = WorkloadMix(
+        (JobShape(4000, 1000, 1), JobShape(8000, 1000, 2)), (0.5, 0.5), (1.0, 1.0)
+    )
+    assert not expected_leftover(whole_only).any()
+
+
+def test_gpuscale_leaves_free_shares_the_mix_can_still_fill() -> None:
+    # FGD weighs the next job only: 200 left is lost to every job, but a second GPU with
+    # 600 free is lost to the whole-GPU jobs, so it stacks the 400 jobs. The expected
+    # leftover sees that nothing ever fills the 200 and the popular 600 jobs fill a 600.
+    state = cluster(("n", 32, 128, 2, "T4"))
+    run(
+        state,
+        first := job("first", 2, gpus=1, share=400),
+        place(state, first, make_policy("bestfit")),
+    )
+    used = state.jobs["first"].gpus[0]
+    second = job("second", 2, gpus=1, share=400)
+    fgd = place(state, second, make_policy("fgd", mix=SIX_FOUR))
+    ours = place(state, second, make_policy("gpuscale", mix=SIX_FOUR))
+    assert isinstance(fgd, Placement) and fgd.gpus == (used,)
+    assert isinstance(ours, Placement) and ours.gpus == (1 - used,)
 
 
 def test_baselines_make_their_documented_choices() -> None:
