@@ -39,8 +39,6 @@ from functools import cache
 
 import numpy as np
 
-from predictor.telemetry.kube_objects import mig_gpus
-
 SLICES = 8  # memory slices of a MIG GPU: placements are given in them
 MIG_RESOURCE_PREFIX = "nvidia.com/mig-"
 
@@ -107,12 +105,6 @@ def profile_problem(name: str) -> str | None:
     if not any(name in names for _, names in FAMILIES.values()):
         return f"no MIG GPU family offers profile {name!r}"
     return None
-
-
-def compute_fraction(name: str) -> float:
-    """The GPUs one instance of `name` counts for (3g: 3/7), by the rule every demand count
-    uses (`predictor.telemetry.kube_objects.mig_gpus`)."""
-    return mig_gpus(((name, 1),))
 
 
 def family_of(names: Iterable[str], memory_mib: int | None = None, product: str = "") -> str | None:

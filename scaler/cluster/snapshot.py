@@ -22,8 +22,9 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
+from predictor.telemetry.kube_objects import mig_gpus
 from scaler.cluster.job import WHOLE_GPU_MILLI, Job
-from scaler.cluster.mig import MigLayout, compute_fraction
+from scaler.cluster.mig import MigLayout
 
 if TYPE_CHECKING:
     import pandas as pd
@@ -69,7 +70,7 @@ class Allocation:
     def gpu_seconds(self, now_s: float) -> float:
         """GPU time the job has run so far: the work lost if it is evicted now."""
         if self.job.mig_profile is not None:
-            held = len(self.gpus) * compute_fraction(self.job.mig_profile)
+            held = mig_gpus(((self.job.mig_profile, len(self.gpus)),))
         else:
             held = len(self.gpus) * self.job.gpu_milli / WHOLE_GPU_MILLI
         return max(0.0, now_s - self.since_s) * held
