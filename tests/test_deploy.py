@@ -99,6 +99,23 @@ class Setup:
     api_versions: tuple[str, ...] = (MONITORING,)
 
 
+# A team that lets gpuscale defragment: moves made, MIG repartitions through the MIG manager.
+DEFRAG_VALUES: dict[str, Any] = {
+    "enabled": True,
+    "apply": True,
+    "intervalSeconds": 600,
+    "goal": "gpus",
+    "maxMoves": 3,
+    "windowSeconds": 7200,
+    "priorityClasses": ["batch-low"],
+    "mig": {
+        "waitSeconds": 300,
+        "configs": {
+            "all-1g.10gb": [{"devices": "all", "mig-enabled": True, "mig-devices": {"1g.10gb": 7}}],
+        },
+    },
+}
+
 SETUPS = {
     "nodegroups": Setup({}),
     "nodegroups-no-preposition": Setup({"prePosition": "none"}),
@@ -118,6 +135,7 @@ SETUPS = {
         {"actuator": "autoscaler", "prePosition": "capacityBuffer", "kueue": {"enabled": True}},
         (MONITORING, CAPACITY_BUFFER, WORKLOAD),
     ),
+    "nodegroups-defrag": Setup({"defrag": DEFRAG_VALUES}),
 }
 
 
@@ -278,6 +296,38 @@ def test_workloads_run_the_cli_hardened(docs: list[dict[str, Any]]) -> None:
     assert node["automountServiceAccountToken"] is False
 
 
+def test_defrag_runs_only_where_enabled_with_its_section_in_the_config(tmp_path: Path) -> None:
+    from scaler.cli import app
+
+    for folder in ("default", "defrag"):
+        (tmp_path / folder).mkdir()
+    assert "gpuscale-defrag" not in by_kind(setup_docs("nodegroups"), "Deployment")
+    default = live_config(setup_docs("nodegroups"), tmp_path / "default").defrag
+    assert default == LiveConfig.model_fields["defrag"].default  # values.yaml = the code's
+
+    docs = setup_docs("nodegroups-defrag")
+    workload = by_kind(docs, "Deployment")["gpuscale-defrag"]["spec"]
+    assert workload["replicas"] == 1 and workload["strategy"] == {"type": "Recreate"}
+    pod = workload["template"]["spec"]
+    assert pod["serviceAccountName"] == "gpuscale-scaler"  # the account granted evictions
+    (container,) = pod["containers"]
+    assert container["args"][0] in {c.name for c in app.registered_commands}
+    args = container["args"]
+    assert args[args.index("--every") + 1] == "600" and "--apply" in args
+    assert container["securityContext"]["readOnlyRootFilesystem"] is True
+
+    section = live_config(docs, tmp_path / "defrag").defrag
+    assert (section.goal, section.max_moves, section.window_s) == ("gpus", 3, 7200.0)
+    assert section.priority_classes == ("batch-low",)
+    assert section.mig.wait_s == 300.0 and set(section.mig.configs) == {"all-1g.10gb"}
+    (monitor,) = by_kind(docs, "ServiceMonitor").values()
+    assert "defrag" in {e["port"] for e in monitor["spec"]["endpoints"]}
+
+    plan_only = manifests({"defrag": {"enabled": True}}, api_versions=(MONITORING,))
+    container = by_kind(plan_only, "Deployment")["gpuscale-defrag"]["spec"]["template"]
+    assert "--apply" not in container["spec"]["containers"][0]["args"]
+
+
 def test_placeholder_priority_class_matches_the_code(docs: list[dict[str, Any]]) -> None:
     from scaler.kube.placeholders import PlaceholderSettings, priority_class
 
@@ -315,6 +365,7 @@ READS = {
     "capacity-buffer": ("autoscaler", "capacity-buffer", False),
     "karpenter": ("karpenter", "placeholders", False),
     "capacity-buffer-kueue": ("autoscaler", "capacity-buffer", True),
+    "nodegroups-defrag": ("aws", "placeholders", False),
 }
 
 

@@ -122,6 +122,16 @@ the values. Other fields: GPUSCALE_* variables in scaler.extraEnv / service.extr
 {{- if .Values.kueue.enabled -}}
 {{- $_ := set $kubernetes "kueue" true -}}
 {{- end -}}
+{{- $d := .Values.defrag -}}
+{{- $defrag := dict
+    "goal" $d.goal
+    "max_moves" $d.maxMoves
+    "window_s" $d.windowSeconds
+    "priority_classes" $d.priorityClasses
+    "steer_s" $d.steerSeconds
+    "hold_s" $d.holdSeconds
+    "mig" (dict "wait_s" $d.mig.waitSeconds "configs" $d.mig.configs)
+-}}
 {{- $live := dict
     "state_dir" "/var/lib/gpuscale"
     "reconcile_interval_s" .Values.scaler.intervalSeconds
@@ -133,6 +143,7 @@ the values. Other fields: GPUSCALE_* variables in scaler.extraEnv / service.extr
     "policy" .Values.policy
     "lease" (dict "name" (include "gpuscale.componentName" (dict "ctx" . "component" "scaler")) "namespace" .Release.Namespace)
     "service" (dict "token_file" "/var/run/secrets/gpuscale/token" "bind_needs_token" .Values.service.bindNeedsToken)
+    "defrag" $defrag
 -}}
 {{- toYaml $live -}}
 {{- end -}}
