@@ -271,6 +271,7 @@ def test_forecasts_plan_nodepools_health_metrics_and_docs(tmp_path: Path) -> Non
         (a100,) = plan["pools"]
         assert (a100["current"], a100["desired"], a100["action"]) == (2, 5, "scale_up")
         assert a100["reason"].startswith("add 3")
+        assert plan["capacity_buffers"] == []  # no Kubernetes: nothing pre-positioned
 
         (pool_info,) = client.get("/v1/nodepools").json()
         assert (pool_info["name"], pool_info["target_size"], pool_info["ready"]) == ("a100", 2, 2)
@@ -365,6 +366,34 @@ def cluster(tmp_path: Path) -> Iterator[tuple[TestClient, FakeKube]]:
             yield client, fake
     finally:
         fake.stop()
+
+
+def test_the_plan_shows_the_capacity_buffers_the_loop_would_set(tmp_path: Path) -> None:
+    fake = FakeKube().start()
+    fake.create("nodes", node_json("gpu-1", 8, "A100"))
+    fake.create("nodes", node_json("gpu-2", 8, "A100"))
+    fake.create("pods", pod_json("busy", 8, uid="uid-busy", node="gpu-1"))
+    config = live_config(
+        tmp_path,
+        provider={"kind": "autoscaler"},
+        kubernetes={"host": fake.url, "pre_position": "capacity-buffer"},
+        placement={"sync_s": 0, "mix": [{"num_gpu": 8, "cpu_milli": 8000, "memory_mib": 32768}]},
+    )
+    end = pd.Timestamp.now(tz="UTC").tz_localize(None).floor("60s")
+    ds = pd.date_range(end=end, periods=6, freq="60s")
+    TelemetryStore(config.state_dir).append(
+        pd.DataFrame({"unique_id": "a100", "ds": ds, "y": [8.0] * 5 + [40.0]})
+    )
+    try:
+        with TestClient(create_app(config)) as client:
+            plan = client.get("/v1/plan").json()
+    finally:
+        fake.stop()
+    (buffer,) = plan["capacity_buffers"]
+    # Five nodes planned, busy's node full: four whole nodes of room, as replicas of the
+    # pool's 8-GPU unit; nothing was written (the plan is a dry run).
+    assert (buffer["pool"], buffer["replicas"], buffer["unit"]["gpus"]) == ("a100", 4, 8)
+    assert fake.objects("capacitybuffers") == []
 
 
 CANDIDATES = ["gpu-1", "gpu-2", "gpu-3", "gpu-4"]

@@ -227,6 +227,9 @@ class PlanResponse(BaseModel):
     pools: list[PoolPlan]
     removals: list[dict[str, Any]]
     placeholders: list[dict[str, Any]]
+    # `pre_position: capacity-buffer`: the CapacityBuffer each pool would get (pool, replicas,
+    # unit, reason), as the loop would set them.
+    capacity_buffers: list[dict[str, Any]]
     needs: list[dict[str, Any]]
 
 

@@ -100,6 +100,7 @@ class PlanDesk:
             pools=pools,
             removals=[r.to_dict() for r in d.removals],
             placeholders=[p.model_dump() for p in d.placeholders],
+            capacity_buffers=[b.model_dump() for b in d.buffers],
             needs=plan["needs"],  # type: ignore[arg-type]
         )
 
