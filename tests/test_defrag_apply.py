@@ -227,6 +227,20 @@ def test_dry_run_plans_with_reasons_and_changes_nothing(tmp_path: Path, fake: Fa
     assert DecisionJournal(tmp_path / "state").load("defrag_window", []) == []
 
 
+def test_the_printed_plan_names_each_move_and_what_it_frees(tmp_path: Path, fake: FakeKube) -> None:
+    fragmented(fake)
+    path = write_config(tmp_path / "live.yaml", config_dict(tmp_path, fake))
+    result = CliRunner().invoke(app, ["defrag", "--config", str(path)], env={"COLUMNS": "250"})
+    assert result.exit_code == 0, result.output
+    out = result.output
+    assert "defragmentation plan (goal nodes, bestfit policy, dry run)" in out
+    moved = [pod for pod in "abce" if f"{NS}/{pod} " in out]
+    assert moved and "what it frees, per node" in out
+    assert f"pending {NS}/big" in out and "(now placeable)" in out
+    assert "left in place: 1 pod(s): no controller would recreate it" in out
+    assert "moves made" not in out  # a dry run makes none
+
+
 def test_apply_skips_what_a_budget_blocks_and_frees_what_the_plan_said(
     tmp_path: Path, fake: FakeKube
 ) -> None:

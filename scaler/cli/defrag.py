@@ -8,6 +8,7 @@ import logging
 import signal
 import threading
 import time
+from collections.abc import Iterable, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Annotated, Literal
 
@@ -17,7 +18,11 @@ from scaler.cli.live import CONFIG_HELP
 from scaler.cli.output import table_console
 
 if TYPE_CHECKING:
+    from rich.console import Console
+    from rich.table import Table
+
     from scaler.controller.defrag import DefragOutcome
+    from scaler.controller.defrag_plan import ShapeGain
 
 
 def register(app: typer.Typer, bench: typer.Typer) -> None:
@@ -137,40 +142,56 @@ def _report(outcome: DefragOutcome, as_json: bool) -> None:
     if as_json:
         typer.echo(json.dumps(outcome.to_dict(), default=str))
         return
+    console = table_console()
+    _print_plan(console, outcome)
+    for entry in outcome.settled:
+        what = entry.get("job") or entry.get("node")
+        console.print(f"settled from an earlier run: {what} {entry['status']}: {entry['result']}")
+    if outcome.results:
+        rows = [(r.step.job, r.status, r.result) for r in outcome.results]
+        console.print(_table("moves made", ("pod", "status", "result"), rows))
+    if outcome.repartitions:
+        rows = [(c.step.node, c.step.config, c.status, c.result) for c in outcome.repartitions]
+        console.print(_table("repartitions asked", ("node", "config", "status", "result"), rows))
+    for error in outcome.errors:
+        console.print(f"[red]error[/]: {error}")
+
+
+def _table(title: str, columns: Sequence[str], rows: Iterable[Sequence[str]]) -> Table:
     from rich.table import Table
 
+    table = Table(title=title)
+    for column in columns:
+        table.add_column(column, justify="right" if column in ("#", "nodes") else "left")
+    for row in rows:
+        table.add_row(*row)
+    return table
+
+
+def _print_plan(console: Console, outcome: DefragOutcome) -> None:
+    """The planned moves and repartitions, what they free, and what the window allows."""
     report = outcome.report
     mode = "applied" if outcome.applied else "dry run"
-    console = table_console()
     title = (
         f"defragmentation plan (goal {report.goal}, {report.policy} policy, {mode}):"
         f" {len(report.steps)} moves; {report.made_in_window} of {report.max_moves} made in"
         f" the last {report.window_s:g} s"
     )
-    moves = Table(title=title)
-    for column in ("#", "pod", "controller", "from", "to", "GPUs", "frees", "reason"):
-        moves.add_column(column, justify="right" if column == "#" else "left")
-    for i, step in enumerate(report.steps, start=1):
-        gpus = ",".join(map(str, step.target_gpus)) or "-"
-        moves.add_row(
-            str(i), step.job, step.controller, step.source, step.target, gpus,
-            step.frees, step.reason,
-        )  # fmt: skip
-    console.print(moves)
+    moves = [
+        (str(i), s.job, s.controller, s.source, s.target,
+         ",".join(map(str, s.target_gpus)) or "-", s.frees, s.reason)
+        for i, s in enumerate(report.steps, start=1)
+    ]  # fmt: skip
+    columns = ("#", "pod", "controller", "from", "to", "GPUs", "frees", "reason")
+    console.print(_table(title, columns, moves))
     if report.repartitions:
-        changes = Table(title=f"MIG repartitions: {len(report.repartitions)}")
-        for column in ("node", "GPUs", "config", "layout", "serves", "reason"):
-            changes.add_column(column)
-        for r in report.repartitions:
-            changes.add_row(
-                r.node,
-                ",".join(map(str, r.gpus)),
-                f"{r.config_before or '(none)'} -> {r.config}",
-                f"{_counted(r.layout_before)} -> {_counted(r.layout_after)}",
-                r.frees,
-                r.reason,
-            )
-        console.print(changes)
+        changes = [
+            (r.node, ",".join(map(str, r.gpus)), f"{r.config_before or '(none)'} -> {r.config}",
+             f"{_counted(r.layout_before)} -> {_counted(r.layout_after)}", r.frees, r.reason)
+            for r in report.repartitions
+        ]  # fmt: skip
+        columns = ("node", "GPUs", "config", "layout", "serves", "reason")
+        console.print(_table(f"MIG repartitions: {len(changes)}", columns, changes))
     for refused in report.mig_refused:
         console.print(
             f"not repartitioned: {refused.node} ({refused.config}, would serve"
@@ -179,56 +200,37 @@ def _report(outcome: DefragOutcome, as_json: bool) -> None:
     for pod, why in report.mig_unserved:
         console.print(f"MIG pod left waiting: {pod}: {why}")
     if report.nodes:
-        nodes = Table(title="what it frees, per node")
-        for column in ("node", "idle GPUs", "free shares on partly used GPUs"):
-            nodes.add_column(column)
-        for n in report.nodes:
-            nodes.add_row(
-                n.node,
-                f"{n.idle_gpus_before} -> {n.idle_gpus_after}",
-                f"{n.free_share_before / 1000:g} -> {n.free_share_after / 1000:g} GPU",
-            )
-        console.print(nodes)
+        freed = [
+            (n.node, f"{n.idle_gpus_before} -> {n.idle_gpus_after}",
+             f"{n.free_share_before / 1000:g} -> {n.free_share_after / 1000:g} GPU")
+            for n in report.nodes
+        ]  # fmt: skip
+        columns = ("node", "idle GPUs", "free shares on partly used GPUs")
+        console.print(_table("what it frees, per node", columns, freed))
     console.print(
         f"idle GPUs {report.idle_gpus_before} -> {report.idle_gpus_after}; nodes with every"
         f" GPU idle {report.idle_nodes_before} -> {report.idle_nodes_after}; most idle GPUs"
         f" on one node {report.largest_idle_before} -> {report.largest_idle_after}"
     )
     if report.shapes:
-        shapes = Table(title="nodes that can take one more (pending pods, the job mix)")
-        shapes.add_column("shape")
-        shapes.add_column("nodes", justify="right")
-        for shape in report.shapes:
-            change = ""
-            if shape.nodes_before == 0 < shape.nodes_after:
-                change = "  (now placeable)"
-            elif shape.nodes_before > 0 == shape.nodes_after:
-                change = "  (no longer placeable)"
-            shapes.add_row(shape.label, f"{shape.nodes_before} -> {shape.nodes_after}{change}")
-        console.print(shapes)
+        shapes = [
+            (s.label, f"{s.nodes_before} -> {s.nodes_after}{_placeable_change(s)}")
+            for s in report.shapes
+        ]
+        title = "nodes that can take one more (pending pods, the job mix)"
+        console.print(_table(title, ("shape", "nodes"), shapes))
     for why, count in sorted(report.unmovable.items()):
         console.print(f"left in place: {count} pod(s): {why}")
     if report.budget == 0:
         console.print("[yellow]no move left in this window[/]")
-    for entry in outcome.settled:
-        what = entry.get("job") or entry.get("node")
-        console.print(f"settled from an earlier run: {what} {entry['status']}: {entry['result']}")
-    if outcome.results:
-        results = Table(title="moves made")
-        for column in ("pod", "status", "result"):
-            results.add_column(column)
-        for r in outcome.results:
-            results.add_row(r.step.job, r.status, r.result)
-        console.print(results)
-    if outcome.repartitions:
-        asked = Table(title="repartitions asked")
-        for column in ("node", "config", "status", "result"):
-            asked.add_column(column)
-        for change in outcome.repartitions:
-            asked.add_row(change.step.node, change.step.config, change.status, change.result)
-        console.print(asked)
-    for error in outcome.errors:
-        console.print(f"[red]error[/]: {error}")
+
+
+def _placeable_change(shape: ShapeGain) -> str:
+    if shape.nodes_before == 0 < shape.nodes_after:
+        return "  (now placeable)"
+    if shape.nodes_before > 0 == shape.nodes_after:
+        return "  (no longer placeable)"
+    return ""
 
 
 def _counted(layout: str) -> str:
