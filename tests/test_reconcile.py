@@ -34,6 +34,7 @@ from scaler.kube.observed import observed_cluster
 from scaler.kube.placeholders import PlaceholderDemand, PlaceholderSettings, placeholder_pod
 from scaler.placement import Job, make_policy
 from scaler.planning.planner import CapacityPlan, PlannerMemory, PoolDecision
+from scaler.planning.request_log import RequestLog
 from scaler.providers.base import NodeStatus
 
 NOW = datetime(2025, 3, 1, 12, 0, 0)
@@ -373,11 +374,12 @@ def test_hold_scale_downs_keeps_scale_ups() -> None:
 
 def test_planner_memory_advances_once_per_demand_step() -> None:
     m1, m2, m3 = PlannerMemory(step=1), PlannerMemory(step=2), PlannerMemory(step=3)
-    state = PlannerState().after("s1", m1)
+    none = RequestLog()
+    state = PlannerState().after("s1", m1, none)
     assert state.memory_for("s1") is None  # a repeat in s1 plans from its start
-    state = state.after("s1", m2)
+    state = state.after("s1", m2, none)
     assert (state.base, state.latest) == (None, m2)
-    state = state.after("s2", m3)  # a new step starts from the last memory of s1
+    state = state.after("s2", m3, none)  # a new step starts from the last memory of s1
     assert state.memory_for("s2") is m2 and state.latest is m3
 
 

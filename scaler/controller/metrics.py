@@ -67,6 +67,13 @@ class LoopMetrics:
             ["pool", "kind"],
             registry=r,
         )
+        self.spare = Gauge(
+            "gpuscale_scaler_job_spare_nodes",
+            "Spare nodes per pool held on top of real and pending pods, sized on the whole"
+            " nodes jobs asked for",
+            ["pool"],
+            registry=r,
+        )
         self.used = Gauge(
             "gpuscale_scaler_pool_used_gpus",
             "GPUs requested by real pods per pool",
@@ -108,6 +115,7 @@ class LoopMetrics:
             self.nodes.labels(pool, "current").set(target)
             self.nodes.labels(pool, "desired").set(d.desired.get(pool, target))
             self.capacity.labels(pool).set(target * gpus_per_node.get(pool, 0))
+            self.spare.labels(pool).set(d.job_spare.get(pool, 0))
         for pool, used in d.fleet.used_gpus.items():
             self.used.labels(pool).set(used)
         for decision in d.plan.decisions:

@@ -16,6 +16,12 @@ the cluster say now, so the loop is safe to kill and restart at any moment:
 - Pods waiting now are capacity needed now: the reactive floor (Cluster Autoscaler's
   scale-up estimate on the one cluster model, `planning.reactive`, as the job simulator
   computes it) raises any pool the forecast left short of them.
+- Each rise of a pool's reactive demand between two passes is a node request, a gang all
+  at once (`planning.request_log`, as the job simulator keeps them). The planner state
+  keeps the requests of the current demand step with the last pass's demand, so a restart
+  loses none; the planner sizes each pool's job-level spare on them
+  (`GroupNeed.spare_nodes`), and the reactive floor holds that spare on top of what real
+  and pending pods need, as the job simulator does every minute.
 - A ready node counts as removable only when the scale-down check finds its pods,
   placeholders aside, room elsewhere; a node running real GPU pods never does. Nodes go in
   the one removal order (`removal_order`).
@@ -83,6 +89,7 @@ from scaler.placement.policies.base import Policy
 from scaler.planning.demand import DemandReading, Outlooks, outlooks, read_demand
 from scaler.planning.planner import (
     CapacityPlan,
+    DemandOutlook,
     FleetCapacity,
     PlannerMemory,
     PlannerPolicy,
@@ -95,6 +102,7 @@ from scaler.planning.reactive import (
     reactive_floor,
     with_floor,
 )
+from scaler.planning.request_log import RequestLog
 from scaler.providers.base import ProviderError
 
 log = logging.getLogger(__name__)
@@ -112,18 +120,28 @@ def utc_now() -> datetime:
 @dataclass(frozen=True)
 class PlannerState:
     """The planner's memory across passes: `base` at the start of demand step `step`,
-    `latest` after the newest pass in it."""
+    `latest` after the newest pass in it; `requests`: the node requests seen in the passes
+    of `step` (`base` has not taken them in; `latest` has) and the newest pass's demand."""
 
     step: str | None = None
     base: PlannerMemory | None = None
     latest: PlannerMemory | None = None
+    # None: none seen yet, or a state pickled before requests were kept (it loads with
+    # the class's default).
+    requests: RequestLog | None = None
 
     def memory_for(self, step: str) -> PlannerMemory | None:
         return self.base if step == self.step else self.latest
 
-    def after(self, step: str, memory: PlannerMemory) -> PlannerState:
+    def requests_for(self, step: str) -> RequestLog:
+        """The requests a pass in `step` gives the planner (with its own rises added): a
+        new step's memory has taken in those of the step before."""
+        requests = self.requests or RequestLog()
+        return requests if step == self.step else requests.taken()
+
+    def after(self, step: str, memory: PlannerMemory, requests: RequestLog) -> PlannerState:
         base = self.base if step == self.step else self.latest
-        return PlannerState(step, base, memory)
+        return PlannerState(step, base, memory, requests)
 
 
 @dataclass(frozen=True, slots=True)
@@ -188,6 +206,11 @@ class PassDecision:
     def problems(self) -> list[str]:
         return self.reading.problems + ([self.outlook.problem] if self.outlook.problem else [])
 
+    @property
+    def job_spare(self) -> Mapping[str, int]:
+        """Job-level spare nodes held per pool on top of real and pending pods' demand."""
+        return self.reactive.reactive.spare if self.reactive is not None else {}
+
     def inputs(self) -> dict[str, Any]:
         return {
             "at": self.at.isoformat(),
@@ -202,6 +225,12 @@ class PassDecision:
                     "levels": list(o.levels),
                     "values": o.values.tolist(),
                     "gpu_models": None if o.gpu_models is None else sorted(o.gpu_models),
+                    "requests": None
+                    if o.requests is None
+                    else {
+                        "minutes_ago": list(o.requests.minutes_ago),
+                        "nodes": list(o.requests.nodes),
+                    },
                 }
                 for o in self.outlook.outlooks
             ],
@@ -244,28 +273,21 @@ def hold_scale_downs(plan: CapacityPlan, problems: Sequence[str]) -> tuple[dict[
     return desired, held
 
 
-def pending_floor(
-    fleet: ObservedFleet,
-    fleet_state: FleetCapacity,
-    pools: Sequence[NodePool],
-    policy: PlannerPolicy,
-    placement: Policy,
-    pool_label: str,
-) -> PendingFloor:
-    """The sizes the pending pods need at least (`planning.reactive.reactive_floor`, as
-    the job simulator computes it): `reactive_demand` packs them onto the ready nodes, the
-    booting ones and new template nodes of the fleet the loop observed. The jobs of
+def pending_demand(
+    fleet: ObservedFleet, pools: Sequence[NodePool], placement: Policy, pool_label: str
+) -> ReactiveDemand:
+    """The nodes the pods running and waiting now need (`planning.reactive`, as the job
+    simulator computes it): `reactive_demand` packs the pending ones onto the ready nodes,
+    the booting ones and new template nodes of the fleet the loop observed. The jobs of
     pending Kueue Workloads wait with them, each Workload a gang."""
     cluster = fleet.cluster
-    pods = cluster.real_pending if cluster is not None else ()
-    queued = cluster.queued if cluster is not None else ()
-    pending = (*pods, *queued)
+    pending = (*cluster.real_pending, *cluster.queued) if cluster is not None else ()
     # A node that has registered is in the cluster state; only the others are on the way.
     booting = {
         pool: sum(n.booting and n.kube_name is None for n in nodes)
         for pool, nodes in fleet.nodes.items()
     }
-    demand = reactive_demand(
+    return reactive_demand(
         cluster.state if cluster is not None else None,
         pending,
         pools,
@@ -274,8 +296,49 @@ def pending_floor(
         current=fleet.sizes(),
         pool_label=pool_label,
     )
-    floor = reactive_floor(demand, fleet_state, pools, policy)
-    return PendingFloor(floor, len(pods), len(queued))
+
+
+def pending_floor(
+    fleet: ObservedFleet,
+    fleet_state: FleetCapacity,
+    demand: ReactiveDemand,
+    pools: Sequence[NodePool],
+    policy: PlannerPolicy,
+    spare: Mapping[str, int],
+) -> PendingFloor:
+    """The sizes the pending pods (`demand`, from `pending_demand`) need at least, with
+    the job-level `spare` nodes per pool on top (`planning.reactive.reactive_floor`)."""
+    cluster = fleet.cluster
+    pods = len(cluster.real_pending) if cluster is not None else 0
+    queued = len(cluster.queued) if cluster is not None else 0
+    floor = reactive_floor(demand, fleet_state, pools, policy, spare=spare)
+    return PendingFloor(floor, pods, queued)
+
+
+def with_requests(
+    outlooks: Sequence[DemandOutlook],
+    requests: RequestLog,
+    pools: Sequence[NodePool],
+    at: datetime,
+) -> tuple[DemandOutlook, ...]:
+    """The outlooks with the node requests of the pool each is named like (a series named
+    otherwise is no one pool's, and keeps the step-level spare)."""
+    names = {p.name for p in pools}
+    return tuple(
+        replace(o, requests=requests.requests(o.group, at)) if o.group in names else o
+        for o in outlooks
+    )
+
+
+def job_spares(planned: CapacityPlan, pools: Sequence[NodePool]) -> dict[str, int]:
+    """The job-level spare nodes the plan sizes, per pool (the need of the series named
+    like it, `with_requests`)."""
+    names = {p.name for p in pools}
+    return {
+        n.group: n.spare_nodes
+        for n in planned.needs
+        if n.group in names and n.spare_nodes is not None
+    }
 
 
 def choose_removals(
@@ -381,7 +444,8 @@ class SpareRoom:
     """What a pass works out the room its plan provides beyond what real pods use or wait
     for from, for placeholders and CapacityBuffers alike: the planned node count per pool,
     the nodes the pass lets go, the scale-up estimate (which pending pods go where), the
-    job mix and policy it packs with, and the placeholder size if one is fixed."""
+    job mix and policy it packs with, the placeholder size if one is fixed, and the
+    job-level spare nodes the planned count holds per pool."""
 
     fleet: ObservedFleet
     desired: Mapping[str, int]
@@ -391,6 +455,7 @@ class SpareRoom:
     policy: Policy
     names: KubeNames
     gpus_each: int | None = None
+    job_spare: Mapping[str, int] = field(default_factory=dict)
 
     def packed(self, pool: NodePool, shapes: Sequence[Job], pod: Any) -> list[int] | None:
         """GPUs of each unit of `shapes` that fits onto the pool's nodes after this pass
@@ -477,14 +542,16 @@ def buffer_demand(
         template = unit_template(settings, pool.name, unit)["template"]
         units = len(spare.packed(pool, [shape], template) or [])
         planned = spare.desired.get(pool.name, 0)
+        held = spare.job_spare.get(pool.name, 0)
         out.append(
             BufferDemand(
                 pool=pool.name,
                 replicas=units,
                 unit=unit,
                 limit_gpus=pool.max_size * pool.gpus_per_node,
-                reason=f"{units} x {unit.gpus} GPUs free on the {planned} node(s) planned,"
-                " beyond real pods and those waiting",
+                reason=f"{units} x {unit.gpus} GPUs free on the {planned} node(s) planned"
+                + (f" ({held} of them job-level spare)" if held else "")
+                + ", beyond real pods and those waiting",
             )
         )
     return out
@@ -563,14 +630,25 @@ class Reconciler:
         lost = {pool: len(set(known.get(pool, [])) - seen) for pool, seen in current.items()}
         step = str(reading.last_step or pd.Timestamp(now).floor(f"{cfg.policy.step_seconds}s"))
         fleet_state = fleet.fleet_state(now, unremovable, lost)
-        planned = plan(outlook.outlooks, fleet_state, cfg.pools, cfg.policy, state.memory_for(step))
+        requests = state.requests_for(step)
+        demand = None
+        if fleet.cluster is not None:
+            demand = pending_demand(fleet, cfg.pools, placement, names.pool_label)
+            requests = requests.observe(demand, now)
+            # The outlooks as the planner gets them, and the decision records them.
+            outlook = replace(
+                outlook, outlooks=with_requests(outlook.outlooks, requests, cfg.pools, now)
+            )
+        memory = state.memory_for(step)
+        planned = plan(outlook.outlooks, fleet_state, cfg.pools, cfg.policy, memory)
         problems = reading.problems + ([outlook.problem] if outlook.problem else [])
         desired, held = hold_scale_downs(planned, problems)
         reactive = None
-        if fleet.cluster is not None:
-            # Pods waiting now need capacity whatever the forecast said (or failed to say).
+        if demand is not None:
+            # Pods waiting now need capacity whatever the forecast said (or failed to say),
+            # and the job-level spare rides on top of them.
             reactive = pending_floor(
-                fleet, fleet_state, cfg.pools, cfg.policy, placement, names.pool_label
+                fleet, fleet_state, demand, cfg.pools, cfg.policy, job_spares(planned, cfg.pools)
             )
             desired = with_floor(desired, reactive.floor)
         removals: list[Removal] = []
@@ -593,6 +671,7 @@ class Reconciler:
                 policy=placement,
                 names=names,
                 gpus_each=kube.placeholder_gpus,
+                job_spare=reactive.reactive.spare if reactive is not None else {},
             )
             if kube.pre_position == "placeholders":
                 placeholders = placeholder_demand(spare, cfg.pools, kube.placeholders)
@@ -612,7 +691,7 @@ class Reconciler:
             held=held,
             removals=tuple(removals),
             placeholders=tuple(placeholders),
-            planner_state=state.after(step, planned.memory),
+            planner_state=state.after(step, planned.memory, requests),
             forecast_source=self.system.model.source,
             reactive=reactive,
             buffers=tuple(buffers),

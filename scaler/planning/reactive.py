@@ -4,13 +4,16 @@ A pool needs the ready nodes that run real work plus the booting and new nodes i
 jobs pack onto (`placement.estimator`). The live loop (pending pods) and the job simulator
 (its queue) both turn that into the planner's reactive outlooks here, so "reactive" means
 the same in both; the predictive plan takes it as a floor, since a job waiting now needs
-capacity whatever the forecast said.
+capacity whatever the forecast said. Where the planner sizes a job-level spare on the
+nodes jobs ask for (`planning.request_log`, `GroupNeed.spare_nodes`), both hold it on top
+of reactive demand (`ReactiveDemand.with_spare`), as Cluster Autoscaler provisions a
+`CapacityBuffer`'s replicas on top of the pending pods.
 """
 
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from scaler.cluster.job import Job
 from scaler.cluster.pools import NodePool
@@ -42,6 +45,12 @@ class ReactiveDemand:
                 gpu_models=frozenset({p.gpu_model}),
             )
             for p in pools
+        )
+
+    def with_spare(self, spare: Mapping[str, int]) -> ReactiveDemand:
+        """This demand with `spare` nodes per pool on top (pools not named: none)."""
+        return ReactiveDemand(
+            {pool: n + spare.get(pool, 0) for pool, n in self.nodes.items()}, self.estimate
         )
 
     def rises(self, before: Mapping[str, int]) -> dict[str, int]:
@@ -96,17 +105,19 @@ def reactive_demand(
 
 @dataclass(frozen=True)
 class ReactiveFloor:
-    """What the pending jobs need now, the reactive plan made of it, and the floor it puts
-    under a predictive plan's sizes."""
+    """What the pending jobs need now, the reactive plan made of it (with the job-level
+    spare on top), and the floor it puts under a predictive plan's sizes."""
 
     demand: ReactiveDemand
     plan: CapacityPlan
-    floor: Mapping[str, int]  # pools the pending jobs make grow, and to what size
+    floor: Mapping[str, int]  # pools the pending jobs or the spare make grow or keep
+    spare: Mapping[str, int] = field(default_factory=dict)  # job-level spare nodes held
 
     def to_dict(self) -> dict[str, object]:
         return {
             "nodes": dict(self.demand.nodes),
             "estimate": self.demand.estimate.to_dict(),
+            "spare_nodes": dict(self.spare),
             "floor": dict(self.floor),
         }
 
@@ -117,15 +128,23 @@ def reactive_floor(
     pools: Sequence[NodePool],
     policy: PlannerPolicy,
     memory: PlannerMemory | None = None,
+    spare: Mapping[str, int] | None = None,
 ) -> ReactiveFloor:
     """The sizes the pending jobs need at least: the planner in reactive mode, never
-    scaling down, on `demand`. Only pools it grows get a floor: where the pending jobs fit
-    the fleet, the floor would be today's size and keep the plan from ever removing an
-    idle node."""
+    scaling down, on `demand` plus the job-level `spare` nodes per pool. Pools it grows get
+    a floor; where the pending jobs fit the fleet, the floor would be today's size and keep
+    the plan from ever removing an idle node, so only a pool that holds a spare gets one
+    there, its demand plus spare: the idle nodes beyond that may go, the spare stays."""
+    spare = dict(spare or {})
+    held = demand.with_spare(spare)
     reactive = policy.model_copy(update={"mode": "reactive", "scale_down_enabled": False})
-    planned = plan(demand.outlooks(pools), fleet, pools, reactive, memory)
-    floor = {d.pool: d.desired for d in planned.decisions if d.action == "scale_up"}
-    return ReactiveFloor(demand, planned, floor)
+    planned = plan(held.outlooks(pools), fleet, pools, reactive, memory)
+    floor = {
+        d.pool: d.desired if d.action == "scale_up" else min(d.desired, held.nodes.get(d.pool, 0))
+        for d in planned.decisions
+        if d.action == "scale_up" or spare.get(d.pool, 0) > 0
+    }
+    return ReactiveFloor(demand, planned, floor, spare)
 
 
 def with_floor(desired: Mapping[str, int], floor: Mapping[str, int]) -> dict[str, int]:
