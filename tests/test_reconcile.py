@@ -128,6 +128,24 @@ def test_an_interrupted_scale_up_is_settled_not_repeated(tmp_path: Path, point: 
     assert log.pending() == []
 
 
+def test_a_restart_leaves_defragmentations_pending_actions_to_it(tmp_path: Path) -> None:
+    from scaler.controller.defrag_journal import REPARTITION
+
+    cfg = config(tmp_path)
+    demand(cfg, [8.0] * 6)
+    log = DecisionJournal(cfg.state_dir)
+    decision = log.record("defrag", True, {}, {})
+    asked = log.begin(decision, "a100", REPARTITION, "gpu-3", {"config_to": "all-1g.10gb"})
+    scale = log.begin(decision, "a100", "set_target", "a100", {"from": 2, "to": 3})
+    outcome = reconciler(cfg).iterate(apply=True)
+    assert ("resolve set_target", "superseded") in [
+        (a["action"], a["status"]) for a in outcome.actions
+    ]
+    # The MIG manager may still be applying it: `gpuscale defrag` settles it, not the loop.
+    assert [a.id for a in log.pending()] == [asked]
+    assert {a.id: a.status for a in log.actions()}[scale] == "superseded"
+
+
 def test_stale_telemetry_never_scales_down(tmp_path: Path) -> None:
     cfg = config(tmp_path, nodes=5)
     demand(cfg, [8.0] * 6, end=NOW - timedelta(minutes=10))  # newest point 600 s old

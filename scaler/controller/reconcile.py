@@ -113,6 +113,10 @@ KNOWN_KEY = "known_nodes"
 UNREMOVABLE_KEY = "unremovable"
 
 
+# The kinds of action the loop journals, and settles after a restart.
+SCALE_ACTIONS = frozenset({"set_target", "remove_node", "uncordon", "set_buffer"})
+
+
 def utc_now() -> datetime:
     return datetime.now(UTC).replace(tzinfo=None)
 
@@ -735,8 +739,11 @@ class Reconciler:
         return outcome
 
     def resolve_journal(self) -> list[dict[str, Any]]:
-        """Settle actions a killed process left pending, against the cloud's state now."""
-        pending = self.system.log.pending()
+        """Settle scale actions a killed process left pending, against the cloud's state
+        now. `gpuscale defrag` journals into the same state directory when it runs beside
+        the loop; its moves and repartitions are its own to settle (a repartition may still
+        be under way at the MIG manager while the loop restarts)."""
+        pending = [a for a in self.system.log.pending() if a.kind in SCALE_ACTIONS]
         if not pending:
             return []
         provider = self.system.provider
