@@ -148,7 +148,13 @@ def test_bad_requests_are_input_errors(helios: pd.DataFrame, fitted: dict[str, F
         build("lightgbm").forecast(helios, [1], (0.5,))
 
 
-def _tracked(realised: np.ndarray, lattice: bool, horizon: int, spread_gain: float) -> np.ndarray:
+def _tracked(
+    realised: np.ndarray,
+    lattice: bool,
+    horizon: int,
+    spread_gain: float,
+    floor: np.ndarray | None = None,
+) -> np.ndarray:
     n = realised.size
     return online_quantile(
         realised,
@@ -162,6 +168,7 @@ def _tracked(realised: np.ndarray, lattice: bool, horizon: int, spread_gain: flo
         gain=0.02,
         spread_gain=spread_gain,
         fallback=1.0,
+        floor=floor,
     )
 
 
@@ -189,3 +196,19 @@ def test_the_tracking_step_follows_the_spread_after_a_calm_spell_begins() -> Non
     fixed = _tracked(realised, True, 18, 0.0)
     assert np.mean(realised[calm] < scaled[calm]) <= 0.9
     assert np.mean(realised[calm] < fixed[calm]) == 1.0
+
+
+def test_a_quantile_lifted_to_the_level_below_is_tracked_as_issued() -> None:
+    """A median that now and then sits far above the p90's own value (the uncrossing lifts
+    the p90 to it): the issued p90, at least that floor, lies above demand 90 % of the
+    time; tracking the value under the floor and lifting it afterwards covers the floor's
+    steps on top of its own 90 %."""
+    rng = np.random.default_rng(3)
+    realised = rng.normal(0, 4, 3000)
+    floor = np.where(rng.random(3000) < 0.25, 12.0, -np.inf)
+    issued = _tracked(realised, False, 18, 0.5, floor)
+    lifted = np.maximum(_tracked(realised, False, 18, 0.5), floor)
+    actual, later = realised[500:], slice(500, None)
+    assert np.all(issued >= floor)
+    assert abs(np.mean(actual < issued[later]) - 0.9) < 0.005
+    assert np.mean(actual < lifted[later]) > 0.915

@@ -45,6 +45,7 @@ def online_quantile(
     gain: float,
     spread_gain: float,
     fallback: float,
+    floor: np.ndarray | None = None,
 ) -> np.ndarray:
     """The `level` quantile of the change at every anchor i of a span (demand units): the
     boosted change `forecast[i]` plus scale[i] times a shift learnt from the scaled
@@ -71,6 +72,12 @@ def online_quantile(
     zero subgradient on the atom, the long-run share of steps below the quantile is at most
     `level` and the share at or below it at least `level`. With fewer than `minimum`
     residuals in the window the shift is `fallback`.
+
+    `floor` (demand units, per anchor) is the quantile of the next level down that the
+    forecast's uncrossing lifts this one to (`direct.uncross`). The quantile returned and
+    tracked is the one issued, at least the floor: tracking the value under the floor would
+    count a step that the floor covered as a miss, and push the shift up until the issued
+    quantile (the floor where it binds) lies above demand more often than `level`.
     """
     n = realised.size
     residuals = (realised - forecast) / scale
@@ -80,6 +87,7 @@ def online_quantile(
     deviation = (series - rolled.median()).abs().rolling(window, min_periods=minimum).mean()
     step = np.fmax(gain, spread_gain * (1.0 - level) * deviation.to_numpy())
     out = forecast + scale * fallback
+    lowest = np.full(n, -np.inf) if floor is None else floor
     theta = 0.0
     for i in range(n):
         j = i - horizon
@@ -90,6 +98,7 @@ def online_quantile(
             out[i] = forecast[i] + scale[i] * (base[j] + theta)
         if lattice[i]:
             out[i] = np.round(out[i])
+        out[i] = max(out[i], lowest[i])
     return out
 
 
@@ -244,27 +253,33 @@ class ConformalBoost(DirectForecaster):
         pos = anchors - first
         out = np.empty((anchors.size, levels.size))
         fallback = self._fallback_shift(h, levels)
+        # Levels above the one nearest the median are lifted to the level below them when
+        # the forecast is uncrossed: each is tracked as issued, with that level as its floor.
+        centre = int(np.argmin(np.abs(levels - 0.5)))
+        change = np.zeros(span.size)
         for j, q in enumerate(levels):
+            floor = change if j > centre else None
             if q == 0.5:
                 lam = shrink_choice(
                     realised / scale, offsets[:, j], self.margin, self.min_residuals
                 )
                 # lambda at anchor i is chosen from targets known by then (anchors <= i - h)
                 lam_at = np.concatenate([np.zeros(h), lam[:-h]])[: span.size] if h else lam
-                out[:, j] = scale[pos] * (lam_at[pos] * offsets[pos, j])
-                continue
-            change = online_quantile(
-                realised,
-                scale * offsets[:, j],
-                scale,
-                whole,
-                q,
-                h,
-                self.window,
-                self.min_residuals,
-                self.gain,
-                self.spread_gain,
-                fallback[j],
-            )
+                change = scale * (lam_at * offsets[:, j])
+            else:
+                change = online_quantile(
+                    realised,
+                    scale * offsets[:, j],
+                    scale,
+                    whole,
+                    q,
+                    h,
+                    self.window,
+                    self.min_residuals,
+                    self.gain,
+                    self.spread_gain,
+                    fallback[j],
+                    floor,
+                )
             out[:, j] = change[pos]
         return s.y[anchors, None] + out
