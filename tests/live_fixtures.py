@@ -181,23 +181,28 @@ def register_nodes(fake: FakeKube, asg: Asg, pool_name: str = "a100") -> dict[st
     for instance in sorted(serving):
         name = kube_node_name(instance)
         names[instance] = name
-        if name in known:
-            continue
-        fake.create(
-            "nodes",
-            {
-                "metadata": {
-                    "name": name,
-                    "labels": {POOL_LABEL: pool_name, GPU_PRODUCT: "A100"},
-                },
-                "spec": {"providerID": f"aws:///{ZONE}/{instance}"},
-                "status": {
-                    "allocatable": {"cpu": "96", "memory": "1Ti", "nvidia.com/gpu": "8"},
-                    "conditions": [{"type": "Ready", "status": "True"}],
-                },
-            },
-        )
+        if name not in known:
+            ready_gpu_node(fake, name, instance, pool_name)
     return names
+
+
+def ready_gpu_node(
+    fake: FakeKube, name: str, instance: str | None = None, pool_name: str = "a100"
+) -> str:
+    """A registered, ready 8-GPU A100 node of `pool_name` backed by EC2 `instance` (by
+    default one named after the node)."""
+    fake.create(
+        "nodes",
+        {
+            "metadata": {"name": name, "labels": {POOL_LABEL: pool_name, GPU_PRODUCT: "A100"}},
+            "spec": {"providerID": f"aws:///{ZONE}/{instance or 'i-' + name}"},
+            "status": {
+                "allocatable": {"cpu": "96", "memory": "1Ti", "nvidia.com/gpu": "8"},
+                "conditions": [{"type": "Ready", "status": "True"}],
+            },
+        },
+    )
+    return name
 
 
 def run_pod(

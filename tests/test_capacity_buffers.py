@@ -12,7 +12,15 @@ from typing import Any
 import pytest
 from fake_kube import FakeKube
 from kubernetes import client as k8s
-from live_fixtures import fast_policy, pool, run_pod, scale_app, write_config, write_demand
+from live_fixtures import (
+    fast_policy,
+    pool,
+    ready_gpu_node,
+    run_pod,
+    scale_app,
+    write_config,
+    write_demand,
+)
 from typer.testing import CliRunner
 
 from scaler.controller.config import LiveConfig
@@ -28,25 +36,6 @@ from scaler.kube.capacity_buffers import (
 
 NAMESPACE = "gpuscale-system"
 UNIT = {"num_gpu": 8, "cpu_milli": 8000, "memory_mib": 32768}  # whole-node jobs
-
-
-def add_node(fake: FakeKube, name: str) -> str:
-    """What Cluster Autoscaler's new node looks like once it has registered."""
-    fake.create(
-        "nodes",
-        {
-            "metadata": {
-                "name": name,
-                "labels": {"gpuscale.io/pool": "a100", "nvidia.com/gpu.product": "A100"},
-            },
-            "spec": {"providerID": f"aws:///us-east-1a/i-{name}"},
-            "status": {
-                "allocatable": {"cpu": "96", "memory": "1Ti", "nvidia.com/gpu": "8"},
-                "conditions": [{"type": "Ready", "status": "True"}],
-            },
-        },
-    )
-    return name
 
 
 def live(tmp_path: Path, fake: FakeKube, **kubernetes: Any) -> Path:
@@ -89,8 +78,8 @@ def test_buffer_replicas_follow_the_plan_and_nothing_repeats(
     tmp_path: Path, fake: FakeKube
 ) -> None:
     state = tmp_path / "state"
-    busy = add_node(fake, "gpu-0")
-    add_node(fake, "gpu-1")
+    busy = ready_gpu_node(fake, "gpu-0")
+    ready_gpu_node(fake, "gpu-1")
     run_pod(fake, "train-0", busy, gpus=8)  # real work on one node, the other idle
     config = live(tmp_path, fake)
 
@@ -139,7 +128,7 @@ def test_buffer_replicas_follow_the_plan_and_nothing_repeats(
 
     # The autoscaler brings the room up: the buffer still asks the same spare.
     for i in range(2, 5):
-        add_node(fake, f"gpu-{i}")
+        ready_gpu_node(fake, f"gpu-{i}")
     steady = scale(config, "--apply", "--once")
     assert steady["plan"]["capacity_buffers"][0]["replicas"] == 4 and steady["actions"] == []
 
@@ -168,7 +157,7 @@ def test_buffer_replicas_follow_the_plan_and_nothing_repeats(
 
 
 def test_a_dry_run_of_the_loop_changes_nothing(tmp_path: Path, fake: FakeKube) -> None:
-    add_node(fake, "gpu-0")
+    ready_gpu_node(fake, "gpu-0")
     write_demand(tmp_path / "state", "a100", [8.0] * 4 + [24.0])
     config = live(tmp_path, fake)
     for _ in range(2):
@@ -188,7 +177,7 @@ class Crash(Exception):
 def test_a_buffer_change_interrupted_is_settled_and_made_once(
     tmp_path: Path, fake: FakeKube
 ) -> None:
-    add_node(fake, "gpu-0")
+    ready_gpu_node(fake, "gpu-0")
     write_demand(tmp_path / "state", "a100", [8.0] * 4 + [24.0], step_s=60.0)
     cfg = LiveConfig(
         state_dir=tmp_path / "state",

@@ -13,7 +13,7 @@ from typing import Any
 
 import pandas as pd
 from fake_kube import FakeKube
-from live_fixtures import fast_policy, pool
+from live_fixtures import fast_policy, pool, ready_gpu_node
 from prometheus_client import generate_latest
 
 from predictor.telemetry.store import TelemetryStore
@@ -45,24 +45,6 @@ def config(tmp_path: Path, fake: FakeKube) -> LiveConfig:
         placement={"mix": [UNIT]},
         lease={"enabled": False},
     )
-
-
-def node(fake: FakeKube, name: str) -> str:
-    fake.create(
-        "nodes",
-        {
-            "metadata": {
-                "name": name,
-                "labels": {"gpuscale.io/pool": "a100", "nvidia.com/gpu.product": "A100"},
-            },
-            "spec": {"providerID": f"aws:///us-east-1a/i-{name}"},
-            "status": {
-                "allocatable": {"cpu": "96", "memory": "1Ti", "nvidia.com/gpu": "8"},
-                "conditions": [{"type": "Ready", "status": "True"}],
-            },
-        },
-    )
-    return name
 
 
 def job(fake: FakeKube, name: str, on: str | None) -> None:
@@ -132,7 +114,7 @@ def gang_runs(fake: FakeKube, nodes: list[str]) -> None:
     """Cluster Autoscaler brought the gang's nodes up and it runs there."""
     for i, name in enumerate(nodes):
         fake.delete("pods", f"gang-{i}", "ml")
-        job(fake, f"gang-{i}", node(fake, name))
+        job(fake, f"gang-{i}", ready_gpu_node(fake, name))
 
 
 def buffer_replicas(fake: FakeKube) -> int:
@@ -143,7 +125,7 @@ def test_a_gang_seen_on_one_pass_keeps_spare_nodes_on_later_ones(
     tmp_path: Path, fake: FakeKube
 ) -> None:
     cfg = config(tmp_path, fake)
-    job(fake, "train-0", node(fake, "gpu-0"))
+    job(fake, "train-0", ready_gpu_node(fake, "gpu-0"))
     calm = passes(cfg, START, 8.0).decision
     assert calm.job_spare == {"a100": 0} and calm.desired == {"a100": 1}
     (outlook,) = calm.outlook.outlooks
@@ -174,7 +156,7 @@ def test_a_gang_seen_on_one_pass_keeps_spare_nodes_on_later_ones(
     # The autoscaler brings the gang's nodes and the spare up; the gang runs. No new
     # request, and the spare stays: the buffer still asks for it, nothing is left to go.
     gang_runs(fake, [f"gpu-{i}" for i in range(1, 5)])
-    spares = [node(fake, f"gpu-{i}") for i in range(5, 5 + spare)]
+    spares = [ready_gpu_node(fake, f"gpu-{i}") for i in range(5, 5 + spare)]
     for minute in (2, 3):
         later = passes(cfg, START + timedelta(minutes=minute), 40.0).decision
         (outlook,) = later.outlook.outlooks
@@ -186,7 +168,7 @@ def test_a_gang_seen_on_one_pass_keeps_spare_nodes_on_later_ones(
     # Two more idle nodes than the spare, and telemetry that still shows one node's worth:
     # the two are left to the autoscaler's scale-down; the spare on top of what the pods
     # hold, and every node that runs work, are not.
-    extra = [node(fake, f"gpu-{i}") for i in range(5 + spare, 7 + spare)]
+    extra = [ready_gpu_node(fake, f"gpu-{i}") for i in range(5 + spare, 7 + spare)]
     over = passes(cfg, START + timedelta(minutes=4), 8.0).decision
     assert over.plan.desired["a100"] < 5 + spare  # the telemetry alone would let them go
     assert over.job_spare == {"a100": spare} and over.desired == {"a100": 5 + spare}
@@ -196,7 +178,7 @@ def test_a_gang_seen_on_one_pass_keeps_spare_nodes_on_later_ones(
 
 def test_the_metrics_show_the_spare(tmp_path: Path, fake: FakeKube) -> None:
     cfg = config(tmp_path, fake)
-    job(fake, "train-0", node(fake, "gpu-0"))
+    job(fake, "train-0", ready_gpu_node(fake, "gpu-0"))
     metrics = LoopMetrics()
     metrics.observe(passes(cfg, START, 8.0), {"a100": 8})
     assert 'gpuscale_scaler_job_spare_nodes{pool="a100"} 0.0' in shown(metrics)
@@ -215,7 +197,7 @@ def shown(metrics: LoopMetrics) -> str:
 
 def test_the_requests_of_a_step_survive_a_restart(tmp_path: Path, fake: FakeKube) -> None:
     cfg = config(tmp_path, fake)
-    job(fake, "train-0", node(fake, "gpu-0"))
+    job(fake, "train-0", ready_gpu_node(fake, "gpu-0"))
     passes(cfg, START, 8.0)
     for i in range(4):
         job(fake, f"gang-{i}", None)
@@ -248,7 +230,7 @@ def test_a_state_file_written_before_requests_were_kept_loads(
     tmp_path: Path, fake: FakeKube
 ) -> None:
     cfg = config(tmp_path, fake)
-    job(fake, "train-0", node(fake, "gpu-0"))
+    job(fake, "train-0", ready_gpu_node(fake, "gpu-0"))
     first = passes(cfg, START, 8.0).decision
     # What the previous version pickled: the same state without the `requests` field.
     journal = DecisionJournal(cfg.state_dir)
