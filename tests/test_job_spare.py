@@ -101,6 +101,16 @@ def test_one_price_buys_spare_where_it_saves_most_waiting() -> None:
     assert capped.nodes == {"busy": 2}
 
 
+def test_the_spare_asked_for_now_is_the_one_the_hour_a_boot_later_needs() -> None:
+    # At this knob the afternoon's gangs are worth spare from 14:00 on (13:00-14:00, when
+    # few come, is not): a node asked for at 13:45 is ready at 13:55, still that hour, one
+    # asked for at 13:55 at 14:05.
+    groups = {"busy": GroupSpare(history(6), 8, 10.0, 32)}
+    quiet = MONDAY + timedelta(hours=13, minutes=45)
+    assert choose_spares(groups, 0.7, quiet).nodes == {"busy": 0}
+    assert choose_spares(groups, 0.7, quiet + timedelta(minutes=10)).nodes == {"busy": 4}
+
+
 def test_nothing_requested_holds_no_spare() -> None:
     replay = SpareReplay.start(0.0).observe(NodeRequests(), 600.0, MONDAY, 8, 10.0)
     choice = choose_spares({"g": GroupSpare(replay, 8, 10.0, 10)}, 0.01, MONDAY)
@@ -161,6 +171,30 @@ def test_predictive_mode_holds_the_planner_spare_on_top_of_reactive_demand() -> 
     assert (predictive.waits == 0).all()
     assert predictive.placeholders_preempted >= predictive.waits.size
     assert reactive.gpu_hours < predictive.gpu_hours < reactive.gpu_hours + 8 * 12 + 1
+
+
+def test_the_simulator_replaces_a_spare_node_taken_as_the_replay_assumes() -> None:
+    # Two spare nodes (10-minute boot): the jobs at 40 and 42 take them, each asking for
+    # its node again at once (ready at 50 and 52); the one at 45 finds none free and starts
+    # on the first back, at 50; by 53 a spare node is free again.
+    arrivals = [40.0, 42.0, 45.0, 53.0]
+    stream = jobs(*[(m, 8, 1000, 60) for m in arrivals])
+    minutes = 120
+    headroom = simulate_jobs(
+        stream,
+        [gpu_pool(min_size=0)],
+        "headroom",
+        BEGIN,
+        BEGIN,
+        BEGIN + pd.Timedelta(minutes=minutes),
+        PlannerPolicy(mode="predictive"),
+        flat_outlook(0.0, minutes),
+        LEVELS,
+        spare=2,
+    )
+    assert headroom.waits.tolist() == [0.0, 0.0, 5.0, 0.0]
+    waited = replayed([(m, 1) for m in arrivals]).waited
+    assert waited[2] == 8 * 5  # the replay's level 2: the same five minutes for one node
 
 
 def test_node_requests_are_the_rises_of_reactive_demand() -> None:

@@ -22,7 +22,8 @@ planner sizes each group's spare from the node requests it observed:
   at the latest, a boot after it came), and each level's GPU-minutes waited are kept,
   decayed with a week's half-life;
 - the requests' rate by hour of the week (weekday and weekend hours apart) scales those
-  waits to the hour ahead: the busy afternoon wants more spare than the night;
+  waits to the hour a boot ahead, when nodes asked for now are ready: the busy afternoon
+  wants more spare than the night;
 - one price of a waiting GPU-minute, the same for every group, sets each group's level (the
   cheapest in GPU-hours plus waits at that price), and the price is the highest at which
   the replayed waits stay within the knob. At job level the knob is the share of the boot
@@ -165,10 +166,11 @@ class SpareChoice:
 
 
 def choose_spares(groups: Mapping[str, GroupSpare], knob: float, at: datetime) -> SpareChoice:
-    """Each group's spare for the hour of `at` (see the module docstring): at one price of
+    """Each group's spare as asked for at `at` (see the module docstring): at one price of
     waiting for all groups, the cheapest level in GPU-hours plus priced waits, each hour's
-    waits scaled by its request rate; the price the highest (least spare) whose replayed
-    waits, over the hours seen, stay within `knob` of the requested GPUs' boot time."""
+    waits scaled by its request rate, for the hour a boot after `at` (when nodes asked for
+    now are ready); the price the highest (least spare) whose replayed waits, over the
+    hours seen, stay within `knob` of the requested GPUs' boot time."""
     tables = {name: _table(g) for name, g in groups.items() if g.replay.hours.sum() > 0}
     requested = sum(
         groups[name].boot_minutes * float(groups[name].replay.requested.sum()) for name in tables
@@ -190,10 +192,11 @@ def choose_spares(groups: Mapping[str, GroupSpare], knob: float, at: datetime) -
         else:
             high = mid
     chosen, share = levels(low)
-    bucket = hour_bucket(at)
     nodes = {name: 0 for name in groups}
     for name, pick in chosen.items():
-        nodes[name] = min(int(pick[bucket]), groups[name].most)
+        # A spare node asked for now is ready a boot later: it serves the hour then.
+        ready = hour_bucket(at + timedelta(minutes=groups[name].boot_minutes))
+        nodes[name] = min(int(pick[ready]), groups[name].most)
     return SpareChoice(nodes, low, share)
 
 

@@ -332,11 +332,18 @@ def plan(
     group_memory = dict(memory.groups)
     needs: list[GroupNeed] = []
     if policy.mode != "static":
-        spares = _job_level_spares(outlooks, group_memory, fleet.at, pools, policy, step)
-        for outlook, group_lead in zip(outlooks, routing.group_lead, strict=True):
+        # The pool each group grows first, looked up once a call (reactive sizes none).
+        first = (
+            [None] * len(outlooks)
+            if policy.mode == "reactive"
+            else [_first_pool(pools, o, policy.objective) for o in outlooks]
+        )
+        spares = _job_level_spares(outlooks, first, group_memory, fleet.at, policy, step)
+        for outlook, pool, group_lead in zip(outlooks, first, routing.group_lead, strict=True):
             old = group_memory.get(outlook.group) or GroupMemory()
+            node_gpus = 1 if pool is None else pool.gpus_per_node
             need, group_memory[outlook.group] = _group_need(
-                outlook, old, policy, group_lead, step, pools, spares.get(outlook.group)
+                outlook, old, policy, group_lead, step, node_gpus, spares.get(outlook.group)
             )
             needs.append(need)
 
@@ -377,38 +384,32 @@ def _first_pool(
     pools: Sequence[NodePool], outlook: DemandOutlook, objective: Objective
 ) -> NodePool | None:
     """The pool a group grows first (the cheapest per GPU it may use): its spare capacity
-    is sized in that pool's nodes."""
+    is sized in that pool's nodes (its GPUs per node: the unit the spare is tuned in)."""
     allowed = [p for p in pools if _serves(p, outlook)]
     if not allowed:
         return None
     return min(allowed, key=lambda p: (_unit_cost(p, objective), -p.gpus_per_node))
 
 
-def _node_gpus(pools: Sequence[NodePool], outlook: DemandOutlook, objective: Objective) -> int:
-    """GPUs per node of the pool a group grows first: the unit its spare is tuned in."""
-    pool = _first_pool(pools, outlook, objective)
-    return 1 if pool is None else pool.gpus_per_node
-
-
 def _job_level_spares(
     outlooks: Sequence[DemandOutlook],
+    first: Sequence[NodePool | None],
     group_memory: dict[str, GroupMemory],
     at: datetime,
-    pools: Sequence[NodePool],
     policy: PlannerPolicy,
     step: int,
 ) -> dict[str, tuple[int, str]]:
-    """The spare nodes of the groups with job-level input (`DemandOutlook.requests`), and
-    why: each group's replay takes in its requests (stored in `group_memory`); once a group
-    has `tuning_min_steps` of them, one price of waiting sets every such group's spare
+    """The spare nodes of the groups with job-level input (`DemandOutlook.requests`), in
+    nodes of the pool each grows first (`first`, per outlook), and why: each group's
+    replay takes in its requests (stored in `group_memory`); once a group has
+    `tuning_min_steps` of them, one price of waiting sets every such group's spare
     (`job_spare.choose_spares`); until then it holds none."""
     if policy.mode not in ("predictive", "hybrid"):
         return {}
     minute = step * policy.step_seconds / 60
     tuned: dict[str, GroupSpare] = {}
     learning: list[str] = []
-    for outlook in outlooks:
-        pool = _first_pool(pools, outlook, policy.objective)
+    for outlook, pool in zip(outlooks, first, strict=True):
         if outlook.requests is None or pool is None:
             continue
         old = group_memory.get(outlook.group) or GroupMemory()
@@ -441,10 +442,11 @@ def _group_need(
     policy: PlannerPolicy,
     lead: int,
     step: int,
-    pools: Sequence[NodePool],
+    node_gpus: int,
     spare: tuple[int, str] | None = None,
 ) -> tuple[GroupNeed, GroupMemory]:
-    """`spare`: job level, the group's spare nodes and why (`_job_level_spares`)."""
+    """`node_gpus`: GPUs per node of the pool the group grows first, the unit its spare is
+    tuned in; `spare`: job level, the group's spare nodes and why (`_job_level_spares`)."""
     observed = float(outlook.observed)
     window = max(policy.unneeded_steps, 2)
     recent = (*old.recent[1 - window :], observed)
@@ -517,7 +519,6 @@ def _group_need(
     forecast_keep, bound_now = keep, float(upper[0])
 
     # The spare capacity, tuned on the group's own history (see `buffer_tuning`).
-    node_gpus = _node_gpus(pools, outlook, policy.objective)
     history = policy.calibration_window + 1
     observed_nodes = np.append(old.observed_nodes, observed / node_gpus)[-history:]
     bound_nodes = np.append(old.bound_nodes, keep / node_gpus)[-history:]
