@@ -71,7 +71,6 @@ from scaler.placement.policies import DEFAULT_POLICY, Policy, make_policy
 from scaler.placement.preemption import preempt
 from scaler.placement.queue import Order, QueuePolicy, admission_order
 from scaler.placement.scale_down import check_removals
-from scaler.planning.job_spare import NodeRequests
 from scaler.planning.planner import (
     DemandOutlook,
     FleetCapacity,
@@ -81,6 +80,7 @@ from scaler.planning.planner import (
     plan,
 )
 from scaler.planning.reactive import ReactiveDemand, reactive_demand
+from scaler.planning.request_log import RequestLog
 from scaler.providers.base import NodeStatus
 from scaler.providers.simulated import (
     CloudEvent,
@@ -651,8 +651,7 @@ def simulate_jobs(
     reactive: tuple[DemandOutlook, ...] = ()
     spares = {p.name: spare for p in pools}  # spare nodes wanted on top of reactive demand
     spares_seen: Mapping[str, int] | None = None
-    requests: dict[str, list[tuple[int, int]]] = {p.name: [] for p in pools}  # (minute, nodes)
-    last_nodes: Mapping[str, int] = {}
+    requests = RequestLog()
     observed: dict[str, float] = {}
     shape_memo: dict[tuple[str, ShapeKey], int] = {}  # see observe
     estimate = ScaleUpEstimate(pools={})
@@ -801,10 +800,8 @@ def simulate_jobs(
             observed = {o.group: o.observed for o in demand.outlooks(pools)}
         for name, value in observed.items():
             step_peak[name] = max(step_peak[name], value)
-        for name, nodes in demand.rises(last_nodes).items():
-            requests[name].append((minute, nodes))
-        last_nodes = demand.nodes
         at = first_minute + timedelta(minutes=minute)
+        requests = requests.observe(demand, at)
 
         if mode == "predictive" and minute % STEP_MINUTES == 0 and minute:
             step = minute // STEP_MINUTES
@@ -815,14 +812,11 @@ def simulate_jobs(
                     levels=levels,
                     values=outlooks[p.name][step],
                     gpu_models=frozenset({p.gpu_model}),
-                    requests=NodeRequests(
-                        tuple(float(minute - t) for t, _ in requests[p.name]),
-                        tuple(n for _, n in requests[p.name]),
-                    ),
+                    requests=requests.requests(p.name, at),
                 )
                 for p in pools
             ]
-            requests = {p.name: [] for p in pools}
+            requests = requests.taken()
             decided = plan(outlook, _fleet(groups, cluster, at), pools, step_policy, step_memory)
             step_memory = decided.memory
             spares = {n.group: n.spare_nodes or 0 for n in decided.needs}
@@ -832,8 +826,7 @@ def simulate_jobs(
         if demand.nodes != demand_seen or spares != spares_seen:
             # else the outlooks of the minute before hold; the spare nodes are wanted on
             # top, as pending placeholder pods or a CapacityBuffer's replicas are
-            buffered = {name: n + spares[name] for name, n in demand.nodes.items()}
-            reactive = ReactiveDemand(buffered, demand.estimate).outlooks(pools)
+            reactive = demand.with_spare(spares).outlooks(pools)
             demand_seen, spares_seen = demand.nodes, spares
 
         decided = plan(reactive, _fleet(groups, cluster, at), pools, minute_policy, minute_memory)
