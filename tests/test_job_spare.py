@@ -9,7 +9,7 @@ from datetime import datetime, timedelta
 import numpy as np
 import pandas as pd
 import pytest
-from test_simulator import BEGIN, LEVELS, flat_outlook, gpu_pool, jobs
+from test_simulator import BEGIN, LEVELS, flat_outlook, gpu_pool, jobs, run_mode
 
 import scaler.planning.job_spare as job_spare
 from scaler.evaluation.job_simulator import simulate_jobs
@@ -179,19 +179,7 @@ def test_the_simulator_replaces_a_spare_node_taken_as_the_replay_assumes() -> No
     # on the first back, at 50; by 53 a spare node is free again.
     arrivals = [40.0, 42.0, 45.0, 53.0]
     stream = jobs(*[(m, 8, 1000, 60) for m in arrivals])
-    minutes = 120
-    headroom = simulate_jobs(
-        stream,
-        [gpu_pool(min_size=0)],
-        "headroom",
-        BEGIN,
-        BEGIN,
-        BEGIN + pd.Timedelta(minutes=minutes),
-        PlannerPolicy(mode="predictive"),
-        flat_outlook(0.0, minutes),
-        LEVELS,
-        spare=2,
-    )
+    headroom = run_mode(stream, "headroom", spare=2, minutes=120)
     assert headroom.waits.tolist() == [0.0, 0.0, 5.0, 0.0]
     waited = replayed([(m, 1) for m in arrivals]).waited
     assert waited[2] == 8 * 5  # the replay's level 2: the same five minutes for one node

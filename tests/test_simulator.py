@@ -81,21 +81,26 @@ def flat_outlook(gpus: float, minutes: int) -> dict[str, np.ndarray]:
     return {"gpu": np.full((minutes // 10 + 1, 2, len(LEVELS)), float(gpus))}
 
 
+def run_mode(job_list: pd.DataFrame, mode: str, spare: int, minutes: int) -> JobSimResult:
+    """One run on an empty GPU pool with no forecast; headroom holds `spare` nodes."""
+    return simulate_jobs(
+        job_list,
+        [gpu_pool(min_size=0)],
+        mode,
+        BEGIN,
+        BEGIN,
+        BEGIN + pd.Timedelta(minutes=minutes),
+        PlannerPolicy(mode="predictive"),
+        flat_outlook(0.0, minutes),
+        LEVELS,
+        spare=spare,
+    )
+
+
 def run_modes(job_list: pd.DataFrame, spare: int, minutes: int = 90) -> dict:
     """reactive, and headroom with `spare` nodes held by placeholders."""
     return {
-        mode: simulate_jobs(
-            job_list,
-            [gpu_pool(min_size=0)],
-            mode,
-            BEGIN,
-            BEGIN,
-            BEGIN + pd.Timedelta(minutes=minutes),
-            PlannerPolicy(mode="predictive"),
-            flat_outlook(0.0, minutes),
-            LEVELS,
-            spare=spare if mode == "headroom" else 0,
-        )
+        mode: run_mode(job_list, mode, spare if mode == "headroom" else 0, minutes)
         for mode in ("reactive", "headroom")
     }
 
