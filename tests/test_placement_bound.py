@@ -126,6 +126,8 @@ def test_the_bound_is_above_every_policy_on_a_slice(
     assert bound.at_100 is not None
     assert placed.alloc_at_100 <= bound.alloc_at_100 + 1e-9
     assert placed.alloc_at_130 <= bound.alloc_at_130 + 1e-9
+    assert placed.alloc_at_100 <= bound.protocol_at_100 + 1e-9
+    assert placed.alloc_at_130 <= bound.protocol_at_130 + 1e-9
     row = bound.row()
     assert row["policy"] == "bound" and row["bound_gap"] >= 0
     assert row["best_at_130"] <= row["alloc_at_130"] <= 100.0
@@ -160,7 +162,11 @@ def test_cli_adds_the_bound_rows(traces_dir: Path, tmp_path: Path) -> None:
     assert len(bound) == 1 and {"bound_gap", "seconds", "best_at_130"} <= set(bound[0])
     ours = next(r for r in rows if r["policy"] == "gpuscale")
     assert ours["alloc_at_130"] <= bound[0]["alloc_at_130"]
-    assert "of the distance from ours FGD to the bound at 130%" in result.output
+    assert "of the distance from ours FGD to the offline ceiling at 130%" in result.output
+    assert "of the distance from ours FGD to the protocol ceiling at 130%" in result.output
+    assert bound[0]["protocol_at_130"] <= bound[0]["alloc_at_130"]
+    assert bound[0]["forced_at_130"] > 0 and bound[0]["protocol_gap_at_130"] >= 0
+    assert ours["alloc_at_130"] <= bound[0]["protocol_at_130"]
 
 
 def test_the_lp_rounded_start_is_feasible() -> None:

@@ -80,7 +80,8 @@ def register(app: typer.Typer, bench: typer.Typer) -> None:
             typer.Option(
                 "--bound",
                 help="Add the ceiling's rows (policy bound): the most GPU share any "
-                "placement of each seed's arrived pods could allocate, from a MIP (HiGHS).",
+                "placement of each seed's arrived pods could allocate, and any policy "
+                "that follows the protocol (protocol_at_*), from MIPs (HiGHS).",
             ),
         ] = False,
         bound_seconds: Annotated[
@@ -95,12 +96,14 @@ def register(app: typer.Typer, bench: typer.Typer) -> None:
         one by one and never deleted. Reports the share of GPUs allocated when the
         arrived requests reach 100% and 130% of the cluster, the failed pods and the
         wall time of each experiment, next to the published numbers. With --bound,
-        also the ceiling at 100% and 130% (two solves per workload and seed, each single
-        threaded and limited to --bound-seconds; --workers run several at once), with
-        the solver's proven gap, and how much of the distance from published FGD to the
-        ceiling gpuscale closes. Each experiment's median and p99 time of one placement
-        decision (ms/dec in the table) is in its row; --scale-to measures it on a larger
-        cluster made of the node list repeated.
+        also the ceilings at 100% and 130%: offline (any placement of the arrived pods)
+        and the protocol's (any policy that places each pod, in order, when it fits;
+        four solves per workload and seed, each single threaded and limited to
+        --bound-seconds; --workers run several at once), with the solver's proven gaps,
+        and how much of the distance from published FGD to each ceiling gpuscale closes.
+        Each experiment's median and p99 time of one placement decision (ms/dec in the
+        table) is in its row; --scale-to measures it on a larger cluster made of the node
+        list repeated.
         """
         from rich.console import Console
         from rich.progress import Progress
@@ -238,65 +241,92 @@ def summary_table(
 
 
 def _bound_row(table: Table, workload: str, group: list[BoundResult], published: Anchors) -> None:
+    """The offline ceiling's row and, where solved, the protocol's beneath it."""
     import numpy as np
 
-    at100 = np.array([b.alloc_at_100 for b in group])
-    at130 = np.array([b.alloc_at_130 for b in group])
     pub = published.get((workload, "fgd"))
     gap = max(b.gap for b in group)
-    table.add_row(
-        workload,
-        "bound",
-        str(len(group)),
-        f"{np.nanmean(at100):.2f}" if not np.isnan(at100).all() else "-",
-        "-",
-        f"{at130.mean():.2f}",
-        "-",
-        f"{at130.mean() - pub[1]:+.2f}" if pub else "-",
-        f"{at130.std():.2f}",
-        f"gap {100 * gap:.3f}%",
-        f"{np.median([b.seconds for b in group]):.2f}",
-        "-",
+    protocol_gap = max(
+        (c.gap for b in group for c in (b.protocol_100, b.protocol_130) if c is not None),
+        default=None,
     )
+    rows = [("bound", [(b.alloc_at_100, b.alloc_at_130) for b in group], gap)]
+    if protocol_gap is not None:
+        rows.append(
+            ("protocol", [(b.protocol_at_100, b.protocol_at_130) for b in group], protocol_gap)
+        )
+    for name, points, worst in rows:
+        at100 = np.array([p[0] for p in points])
+        at130 = np.array([p[1] for p in points])
+        table.add_row(
+            workload,
+            name,
+            str(len(group)),
+            f"{np.nanmean(at100):.2f}" if not np.isnan(at100).all() else "-",
+            "-",
+            f"{at130.mean():.2f}",
+            "-",
+            f"{at130.mean() - pub[1]:+.2f}" if pub else "-",
+            f"{at130.std():.2f}",
+            f"gap {100 * worst:.3f}%",
+            f"{np.median([b.seconds for b in group]):.2f}",
+            "-",
+        )
 
 
 def bound_lines(
     results: list[ExperimentResult], published: Anchors, bounds: Sequence[BoundResult]
 ) -> list[str]:
-    """How much of the distance from FGD (published, and ours) to the ceiling gpuscale
-    closes, per arrival point: mean over workloads of (gpuscale - FGD) / (bound - FGD)."""
+    """How much of the distance from FGD (published, and ours) to each ceiling gpuscale
+    closes, per arrival point: mean over workloads of (gpuscale - FGD) / (ceiling - FGD)."""
     import numpy as np
 
     if not bounds:
         return []
     groups = _grouped(results)
     ceilings = _grouped_bounds(bounds)
+    with_protocol = all(b.protocol_130 is not None for b in bounds)
     lines = []
-    for point, index in (("100%", 0), ("130%", 1)):
-        for source in ("published", "ours"):
-            shares = []
-            for workload, group in ceilings.items():
-                ceiling = np.nanmean([(b.alloc_at_100, b.alloc_at_130)[index] for b in group])
-                mine = groups.get((workload, "gpuscale"))
-                if source == "published":
-                    fgd = published.get((workload, "fgd"), (np.nan, np.nan))[index]
-                else:
-                    ours = groups.get((workload, "fgd"))
-                    at = [(r.alloc_at_100, r.alloc_at_130)[index] for r in ours] if ours else []
-                    fgd = np.mean(at) if at else np.nan
-                if mine and np.isfinite(fgd) and np.isfinite(ceiling) and ceiling > fgd:
-                    gain = np.mean([(r.alloc_at_100, r.alloc_at_130)[index] for r in mine]) - fgd
-                    shares.append(gain / (ceiling - fgd))
-            if shares:
-                target = "; target >= 50%" if (source, point) == ("published", "130%") else ""
-                lines.append(
-                    f"gpuscale closes {100 * np.mean(shares):.1f}% of the distance from "
-                    f"{source} FGD to the bound at {point} (mean over {len(shares)} "
-                    f"workloads{target})"
-                )
+    for name in ("offline", "protocol") if with_protocol else ("offline",):
+        for point, index in (("100%", 0), ("130%", 1)):
+            for source in ("published", "ours"):
+                shares = []
+                for workload, group in ceilings.items():
+                    values = [_ceiling_at(b, name)[index] for b in group]
+                    ceiling = np.nanmean(values)
+                    mine = groups.get((workload, "gpuscale"))
+                    if source == "published":
+                        fgd = published.get((workload, "fgd"), (np.nan, np.nan))[index]
+                    else:
+                        ours = groups.get((workload, "fgd"))
+                        at = [(r.alloc_at_100, r.alloc_at_130)[index] for r in ours] if ours else []
+                        fgd = np.mean(at) if at else np.nan
+                    if mine and np.isfinite(fgd) and np.isfinite(ceiling) and ceiling > fgd:
+                        at = [(r.alloc_at_100, r.alloc_at_130)[index] for r in mine]
+                        shares.append((np.mean(at) - fgd) / (ceiling - fgd))
+                if shares:
+                    target = "; target >= 50%" if (source, point) == ("published", "130%") else ""
+                    lines.append(
+                        f"gpuscale closes {100 * np.mean(shares):.1f}% of the distance from "
+                        f"{source} FGD to the {name} ceiling at {point} (mean over "
+                        f"{len(shares)} workloads{target})"
+                    )
     gap = max(b.gap for b in bounds)
     lines.append(f"bound: largest proven gap {100 * gap:.3f}% of the bound")
+    if with_protocol:
+        solves = [c for b in bounds for c in (b.protocol_100, b.protocol_130) if c is not None]
+        forced = np.mean([c.forced_pods / c.pods for c in solves])
+        lines.append(
+            f"protocol: largest proven gap {100 * max(c.gap for c in solves):.3f}% of the "
+            f"bound; {100 * forced:.1f}% of the arrived pods forced on average"
+        )
     return lines
+
+
+def _ceiling_at(bound: BoundResult, name: str) -> tuple[float, float]:
+    if name == "protocol":
+        return bound.protocol_at_100, bound.protocol_at_130
+    return bound.alloc_at_100, bound.alloc_at_130
 
 
 def _grouped_bounds(bounds: Sequence[BoundResult]) -> dict[str, list[BoundResult]]:

@@ -31,6 +31,11 @@ keeps exactly and what it relaxes:
   (shares summed per GPU pool, at most q shares above 1000/(q+1) per GPU).
 
 The cluster is taken empty (only capacities are read).
+
+The protocol's ceiling adds the cuts of `arrival_cuts` (pods every policy that follows the
+experiment's rules must place, and the failure chains of the arrival order): a proven
+upper bound for every such policy, tighter than the offline one, which may leave out any
+pod it likes.
 """
 
 from __future__ import annotations
@@ -47,6 +52,7 @@ import numpy as np
 
 from scaler.cluster.job import WHOLE_GPU_MILLI, Job
 from scaler.cluster.snapshot import ClusterState
+from scaler.evaluation.arrival_cuts import ArrivalCuts, NodeType, PodType, arrival_cuts
 from scaler.evaluation.placement_bench import INFLATION_RATIO, arrival_order, jobs_from_pods
 
 if TYPE_CHECKING:
@@ -60,9 +66,6 @@ MAX_PATTERNS = 20_000
 CUT_DEPTH = 3
 # HiGHS stops when incumbent and bound are this close (relative): 0.01 point of share.
 MIP_REL_GAP = 1e-4
-
-PodType = tuple[int, int, int, int, frozenset[str]]  # CPU, memory, GPUs, share, models
-NodeType = tuple[int, int, int, str]  # CPU, memory, GPUs, model
 
 
 @dataclass(frozen=True)
@@ -78,6 +81,7 @@ class Ceiling:
     status: str
     pods: int
     exact_gpu_packing: bool
+    forced_pods: int = 0  # with the protocol's cuts: the pods every policy places
 
     @property
     def best(self) -> float:
@@ -97,12 +101,16 @@ class Ceiling:
 
 @dataclass(frozen=True)
 class BoundResult:
-    """The ceiling at 100 % and 130 % of one workload and seed, as a placement row."""
+    """The ceilings at 100 % and 130 % of one workload and seed, as a placement row: the
+    offline one (any placement of the arrived pods) and the protocol's (any policy that
+    places each pod, in order, when some node can hold it)."""
 
     workload: str
     seed: int
     at_100: Ceiling | None  # None: the arrivals never reached 100 %
     at_130: Ceiling
+    protocol_100: Ceiling | None = None
+    protocol_130: Ceiling | None = None
 
     @property
     def policy(self) -> str:
@@ -117,18 +125,34 @@ class BoundResult:
         return self.at_130.bound
 
     @property
+    def protocol_at_100(self) -> float:
+        """The protocol's ceiling at 100 % (no higher than the offline one, also a bound)."""
+        if self.at_100 is None:
+            return math.nan
+        if self.protocol_100 is None:
+            return self.at_100.bound
+        return min(self.protocol_100.bound, self.at_100.bound)
+
+    @property
+    def protocol_at_130(self) -> float:
+        if self.protocol_130 is None:
+            return self.at_130.bound
+        return min(self.protocol_130.bound, self.at_130.bound)
+
+    @property
     def seconds(self) -> float:
-        return self.at_130.seconds + (self.at_100.seconds if self.at_100 else 0.0)
+        solves = (self.at_100, self.at_130, self.protocol_100, self.protocol_130)
+        return sum(c.seconds for c in solves if c is not None)
 
     @property
     def gap(self) -> float:
-        """The larger proven gap of the two solves."""
+        """The larger proven gap of the offline solves."""
         return max(self.at_130.gap, self.at_100.gap if self.at_100 else 0.0)
 
     def row(self) -> dict[str, object]:
         """The JSON row: the bounds in the policy fields, the incumbents and gaps beside."""
         at_100 = self.at_100
-        return {
+        row: dict[str, object] = {
             "workload": self.workload,
             "policy": "bound",
             "seed": self.seed,
@@ -146,6 +170,14 @@ class BoundResult:
             "status_at_130": self.at_130.status,
             "exact_gpu_packing": self.at_130.exact_gpu_packing,
         }
+        for point, solve in (("100", self.protocol_100), ("130", self.protocol_130)):
+            if solve is None:
+                continue
+            value = self.protocol_at_100 if point == "100" else self.protocol_at_130
+            row[f"protocol_at_{point}"] = _up(value) if math.isfinite(value) else None
+            row[f"protocol_gap_at_{point}"] = round(solve.gap, 6)
+            row[f"forced_at_{point}"] = solve.forced_pods
+        return row
 
 
 def _up(value: float) -> float:
@@ -171,21 +203,42 @@ def run_bound(
     seed: int,
     time_limit_s: float = TIME_LIMIT_S,
     ratio: float = INFLATION_RATIO,
+    protocol: bool = True,
 ) -> BoundResult:
-    """The ceiling at 100 % and 130 % for one workload and seed (one solve each)."""
+    """The ceilings at 100 % and 130 % for one workload and seed: the offline one and,
+    with `protocol`, the protocol's (one solve each)."""
     state = ClusterState.from_frame(nodes)
     order = arrival_order(jobs_from_pods(pods), state.total_gpu_milli, seed, ratio)
     first, everything = arrived_sets(order, state.total_gpu_milli)
-    at_100 = ceiling(state, first, time_limit_s) if first is not None else None
-    return BoundResult(workload, seed, at_100, ceiling(state, everything, time_limit_s))
+
+    def solve(jobs: list[Job] | None, cuts: bool) -> Ceiling | None:
+        if jobs is None or (cuts and not protocol):
+            return None
+        return ceiling(state, jobs, time_limit_s, protocol=cuts)
+
+    at_130 = ceiling(state, everything, time_limit_s)
+    return BoundResult(
+        workload,
+        seed,
+        solve(first, False),
+        at_130,
+        solve(first, True),
+        solve(everything, True),
+    )
 
 
 def ceiling(
-    state: ClusterState, jobs: Sequence[Job], time_limit_s: float = TIME_LIMIT_S
+    state: ClusterState,
+    jobs: Sequence[Job],
+    time_limit_s: float = TIME_LIMIT_S,
+    protocol: bool = False,
 ) -> Ceiling:
-    """Solve the relaxation (module docstring) for `jobs` on the empty `state`."""
+    """Solve the relaxation (module docstring) for `jobs` on the empty `state`; with
+    `protocol`, `jobs` in arrival order and the protocol's cuts added."""
     start = time.perf_counter()
-    model = _Model(node_types(state), pod_types(jobs))
+    nodes = node_types(state)
+    cuts = arrival_cuts(nodes, jobs) if protocol else None
+    model = _Model(nodes, pod_types(jobs), cuts)
     best, bound, status = model.solve(time_limit_s)
     return Ceiling(
         best_milli=best,
@@ -196,6 +249,7 @@ def ceiling(
         status=status,
         pods=len(jobs),
         exact_gpu_packing=model.exact_packing,
+        forced_pods=cuts.forced_pods if cuts else 0,
     )
 
 
@@ -248,7 +302,9 @@ def maximal_patterns(
 class _Model:
     """The MIP (module docstring) in HiGHS's column/row form."""
 
-    def __init__(self, nodes: Counter[NodeType], pods: Counter[PodType]) -> None:
+    def __init__(
+        self, nodes: Counter[NodeType], pods: Counter[PodType], cuts: ArrivalCuts | None = None
+    ) -> None:
         self.lower: list[float] = []
         self.upper: list[float] = []
         self.cost: list[float] = []
@@ -263,6 +319,31 @@ class _Model:
         for t, columns in by_type.items():
             if columns:
                 self.rows.append((columns, [1.0] * len(columns), float(pods[t])))
+        if cuts is not None:
+            self._arrival_cuts(cuts, by_type)
+
+    def _arrival_cuts(self, cuts: ArrivalCuts, by_type: dict[PodType, list[int]]) -> None:
+        """Forced pods as lower bounds on each type's placed count; each chain line as
+        sum of the dominated types' GPUs - slope x the leader's count <= intercept."""
+        for t, count in cuts.forced.items():
+            columns = by_type.get(t, [])
+            if count and columns:
+                self.rows.append((columns, [-1.0] * len(columns), -float(count)))
+        for chain in cuts.chains:
+            dominated = [
+                (c, float(u[2] * u[3])) for u in chain.dominated for c in by_type.get(u, [])
+            ]
+            if not dominated:
+                continue
+            leader = by_type.get(chain.leader, [])
+            for intercept, slope in chain.lines:
+                self.rows.append(
+                    (
+                        [c for c, _ in dominated] + leader,
+                        [v for _, v in dominated] + [-slope] * len(leader),
+                        intercept,
+                    )
+                )
 
     def _column(self, upper: float, cost: float = 0.0, integer: bool = True) -> int:
         self.lower.append(0.0)
