@@ -146,9 +146,12 @@ def test_the_planner_sizes_the_spare_on_job_level_input_only() -> None:
     assert need.add_to == need.keep == (2 + 2) * 8  # on the two nodes in use
     assert "job-level spare 2 node(s)" in need.reason
     assert job.desired == {"gpu": 4}
-    # Until a group has `tuning_min_steps` of requests it holds none.
-    first = plan([outlook(NodeRequests((3.0,), (2,)))], fleet, [pool], policy)
-    assert first.needs[0].spare_nodes == 0
+    # Until a group has `tuning_min_steps` of requests it is sized as without them: on
+    # the forecast's upper bound (here 3 x 8 GPUs), not on the nodes in use alone.
+    first = plan([outlook(NodeRequests((3.0,), (2,)), observed=20.0)], fleet, [pool], policy)
+    assert first.needs[0].spare_nodes is None
+    assert first.needs[0].reason.startswith("forecast upper bound")
+    assert first.desired == {"gpu": 3}
 
 
 def test_predictive_mode_holds_the_planner_spare_on_top_of_reactive_demand() -> None:

@@ -403,12 +403,13 @@ def _job_level_spares(
     nodes of the pool each grows first (`first`, per outlook), and why: each group's
     replay takes in its requests (stored in `group_memory`); once a group has
     `tuning_min_steps` of them, one price of waiting sets every such group's spare
-    (`job_spare.choose_spares`); until then it holds none."""
+    (`job_spare.choose_spares`). A group still learning has no entry: until then it is
+    sized like one without job-level input (the forecast bound, then its tuned rule),
+    so a fresh deploy does not run without spare capacity for its first day."""
     if policy.mode not in ("predictive", "hybrid"):
         return {}
     minute = step * policy.step_seconds / 60
     tuned: dict[str, GroupSpare] = {}
-    learning: list[str] = []
     for outlook, pool in zip(outlooks, first, strict=True):
         if outlook.requests is None or pool is None:
             continue
@@ -421,9 +422,7 @@ def _job_level_spares(
             tuned[outlook.group] = GroupSpare(
                 replay, pool.gpus_per_node, pool.boot_seconds / 60, pool.max_size
             )
-        else:
-            learning.append(outlook.group)
-    out = {g: (0, "job-level spare: learning the node requests") for g in learning}
+    out: dict[str, tuple[int, str]] = {}
     if tuned:
         choice = choose_spares(tuned, policy.target_shortage, at)
         for group, nodes in choice.nodes.items():
