@@ -12,11 +12,26 @@ from collections.abc import Iterable, Mapping
 from pathlib import Path
 from typing import Literal
 
+import numpy as np
+from numpy.typing import ArrayLike
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from predictor.foundation.config_files import read_yaml, validated
 
 CapacityType = Literal["on-demand", "spot"]
+# Node counts come out of float arithmetic (GPUs / GPUs per node, a share of demand) with
+# residues: 16.000000000000004 GPUs of 8-GPU nodes are 2 nodes, not 3.
+NODE_RESIDUE = 1e-9
+
+
+def whole_nodes(nodes: float) -> int:
+    """The whole nodes a float node count needs, its float residue not counted."""
+    return math.ceil(nodes - NODE_RESIDUE)
+
+
+def whole_nodes_each(nodes: ArrayLike) -> np.ndarray:
+    """`whole_nodes` of every element, kept as floats (the replays' node series)."""
+    return np.ceil(np.asarray(nodes, dtype=float) - NODE_RESIDUE)
 
 
 class NodePool(BaseModel):

@@ -27,7 +27,7 @@ import numpy as np
 import pandas as pd
 
 from predictor.models.forecast import Forecaster, quantile_column
-from scaler.cluster.pools import NodePool
+from scaler.cluster.pools import NodePool, whole_nodes, whole_nodes_each
 from scaler.planning.planner import (
     DemandOutlook,
     FleetCapacity,
@@ -218,13 +218,13 @@ def rolling_max_targets(demand: np.ndarray, window: int, buffer: int) -> np.ndar
     if window < 1:
         raise ValueError("window must be >= 1")
     seen = pd.Series(demand, dtype=float).rolling(window, min_periods=1).max().shift(1)
-    return np.ceil(seen.fillna(0.0).to_numpy() - 1e-9) + buffer
+    return whole_nodes_each(seen.fillna(0.0).to_numpy()) + buffer
 
 
 def spare_nodes(demand: np.ndarray, share: float) -> np.ndarray:
     """ceil(share x demand) nodes per step (a `CapacityBuffer` with `percentage`), the
     product's float residue (0.1 x 30 = 3.0000000000000004) not counted as a node."""
-    return np.ceil(share * demand - 1e-9)
+    return whole_nodes_each(share * demand)
 
 
 @dataclass
@@ -253,8 +253,8 @@ class ReactiveRule:
         self._keep = pd.Series(seen).rolling(window, min_periods=1).max().shift(1).to_numpy()
 
     def target(self, t: int, ready: int, booting: int) -> int:
-        seen = math.ceil(self.wanted[t - 1] - 1e-9)
-        keep = math.ceil(self._keep[t] - 1e-9)
+        seen = whole_nodes(self.wanted[t - 1])
+        keep = whole_nodes(self._keep[t])
         return max(seen, min(ready + booting, keep))
 
 

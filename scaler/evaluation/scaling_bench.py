@@ -32,7 +32,7 @@ from predictor.data.loaders import DemandTrace
 from predictor.data.series import regularize
 from predictor.foundation.errors import InputError
 from predictor.models.forecast import Forecaster
-from scaler.cluster.pools import NodePool
+from scaler.cluster.pools import NodePool, whole_nodes, whole_nodes_each
 from scaler.evaluation.replay import (
     CesPolicy,
     OraclePolicy,
@@ -165,9 +165,9 @@ def prepare_trace(
             )
             ds, replay_step = group["ds"].to_numpy(), fine.step
         units = group["y"].to_numpy(dtype=float)
-        demand = np.ceil(units / per_node - 1e-9)
+        demand = whole_nodes_each(units / per_node)
         capacity = (
-            np.ceil(group["capacity"].to_numpy(dtype=float) / per_node - 1e-9)
+            whole_nodes_each(group["capacity"].to_numpy(dtype=float) / per_node)
             if "capacity" in group
             else None
         )
@@ -359,7 +359,7 @@ def sweep_runs(prepared: PreparedSeries, lag: int) -> list[ReplayOutcome]:
         for b in ROLLING_BUFFERS
     ]
     for m in CES_MULTIPLES:
-        buffer = math.ceil(m * prepared.ces_buffer - 1e-9)
+        buffer = whole_nodes(m * prepared.ces_buffer)
         out.append(replay(s, _ces(prepared, buffer), lag, {"knob": buffer, "buffer_multiple": m}))
     return out
 

@@ -24,6 +24,8 @@ from typing import Literal
 
 import numpy as np
 
+from scaler.cluster.pools import whole_nodes_each
+
 RuleKind = Literal["headroom", "rolling-max", "sustained", "forecast"]
 WINDOWED: frozenset[RuleKind] = frozenset({"rolling-max", "sustained"})
 
@@ -79,7 +81,7 @@ def rule_targets(
 ) -> np.ndarray:
     """[rule, i]: the nodes each rule asks for at call i, from demand `observed[:i+1]`
     (nodes, fractional allowed) and the forecast bound issued at call i (nodes)."""
-    demand, bound = _whole_nodes(observed), np.maximum(_whole_nodes(forecast), 0.0)
+    demand, bound = whole_nodes_each(observed), np.maximum(whole_nodes_each(forecast), 0.0)
     return np.array([_base(rule, demand, bound) + rule.spare for rule in rules])
 
 
@@ -96,11 +98,11 @@ def replay_rules(
     their spare nodes s, so a step is short under spare s exactly when its demand exceeds
     the base's lowest target over the lead by more than s: one pass per base, not per rule.
     """
-    demand = _whole_nodes(observed)
+    demand = whole_nodes_each(observed)
     steps = max(demand.size - 1 - lead, 0)
     if steps == 0:
         return [RuleRecord(r, 0.0, 0.0, 0) for r in range(len(rules))]
-    bound = np.maximum(_whole_nodes(forecast), 0.0)
+    bound = np.maximum(whole_nodes_each(forecast), 0.0)
     bases: dict[tuple[RuleKind, int], tuple[np.ndarray, float]] = {}
     out = []
     for r, rule in enumerate(rules):
@@ -147,8 +149,3 @@ def target_of(rule: BufferRule, observed: np.ndarray, forecast: np.ndarray) -> i
     observed and forecast bounds issued, nodes; only the rule's window is read)."""
     tail = slice(-rule.window, None)
     return int(rule_targets(observed[tail], forecast[tail], (rule,))[0, -1])
-
-
-def _whole_nodes(values: np.ndarray) -> np.ndarray:
-    """Node counts rounded up, a float residue (8.000000001 GPUs / 8) not counted."""
-    return np.ceil(np.asarray(values, dtype=float) - 1e-9)

@@ -42,7 +42,7 @@ from typing import Literal
 import numpy as np
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
-from scaler.cluster.pools import NodePool
+from scaler.cluster.pools import NodePool, whole_nodes
 from scaler.planning.buffer_tuning import (
     RULES,
     RuleRecord,
@@ -524,7 +524,7 @@ def _group_need(
     tuned, tuned_step = old.tuned, old.tuned_step
     if spare is not None:
         # Job level: the spare rides on the nodes in use or asked for now (`job_spare`).
-        nodes = math.ceil(observed / node_gpus - 1e-9) + spare[0]
+        nodes = whole_nodes(observed / node_gpus) + spare[0]
         add_to = keep = bound_now = float(nodes * node_gpus)
         reason = f"{spare[1]} on {nodes - spare[0]} in use or asked, of {node_gpus} GPUs"
         inputs["spare_nodes"] = spare[0]
@@ -783,12 +783,12 @@ def _cheapest(
             candidates,
             key=lambda p: (
                 backing_off(p),
-                math.ceil(lack / p.gpus_per_node - 1e-9)
+                whole_nodes(lack / p.gpus_per_node)
                 * p.gpus_per_node
                 * _unit_cost(p, policy.objective),
             ),
         )
-        nodes = math.ceil(lack / best.gpus_per_node - 1e-9)
+        nodes = whole_nodes(lack / best.gpus_per_node)
     return best, min(nodes, best.max_size - desired[best.name])
 
 
