@@ -640,6 +640,10 @@ def test_alert_rules_fire_on_the_metrics_the_code_exports(tmp_path: Path) -> Non
         'gpuscale_scaler_forecast_gpus{group="a100",quantile="0.5"}': "50x90",
         'gpuscale_scaler_demand_gpus{group="h100"}': "40x90",
         'gpuscale_scaler_forecast_gpus{group="h100",quantile="0.5"}': "41x90",
+        'gpuscale_defrag_runs_total{result="move_failed"}': "0 0 0 1 2 2",
+        'gpuscale_defrag_runs_total{result="ok"}': "0+1x90",
+        # The last pass that planned at t = 0 (Unix time 0), none after it.
+        "gpuscale_defrag_last_run_timestamp_seconds": "0x90",
     }
     cases = [
         ("20m", "GpuscaleTelemetryStale", [a("GpuscaleTelemetryStale",
@@ -651,6 +655,12 @@ def test_alert_rules_fire_on_the_metrics_the_code_exports(tmp_path: Path) -> Non
             "4 GPUs requested by pods pending for 15 minutes")]),
         ("80m", "GpuscaleForecastErrorDrift", [a("GpuscaleForecastErrorDrift",
             "gpuscale forecast error for a100 is 50%", group="a100")]),
+        ("6m", "GpuscaleDefragFailing", [a("GpuscaleDefragFailing",
+            "2 gpuscale defragmentation passes failed in the last hour")]),
+        ("70m", "GpuscaleDefragFailing", []),
+        ("50m", "GpuscaleDefragStalled", []),
+        ("70m", "GpuscaleDefragStalled", [a("GpuscaleDefragStalled",
+            "no gpuscale defragmentation pass has planned for an hour")]),
     ]  # fmt: skip
     shutil.copy(source, tmp_path / "alerts.yaml")
     test = {
