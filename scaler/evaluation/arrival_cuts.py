@@ -150,7 +150,7 @@ class _Blocking:
             for s in range(v, reachable.size):
                 reachable[s] |= reachable[s - v]
         self.reachable = reachable
-        self.cache: dict[PodType, tuple[np.ndarray, np.ndarray] | None] = {}
+        self.cache: dict[PodType, _CoverLP | None] = {}
 
     def _gpu_cost(self, t: PodType, gpus: int) -> float:
         if is_sharing(t):
@@ -159,43 +159,78 @@ class _Blocking:
             return gpus * float(WHOLE_GPU_MILLI - t[3] + 1 + above[0])
         return (gpus - t[2] + 1) * float(self.smallest)  # too few idle GPUs left
 
-    def _costs(self, t: PodType) -> tuple[np.ndarray, np.ndarray] | None:
-        """(costs per node of each eligible node type and resource, node counts)."""
+    def _cover(self, t: PodType) -> _CoverLP | None:
+        """The LP of t's eligible node types, built once per type (None: no node fits)."""
         if t not in self.cache:
             eligible = [n for n in self.nodes if fits_empty(t, n)]
-            if not eligible:
-                self.cache[t] = None
-            else:
-                costs = np.array(
-                    [(n[0] - t[0] + 1, n[1] - t[1] + 1, self._gpu_cost(t, n[2])) for n in eligible],
-                    dtype=float,
+            self.cache[t] = (
+                _CoverLP(
+                    np.array(
+                        [
+                            (n[0] - t[0] + 1, n[1] - t[1] + 1, self._gpu_cost(t, n[2]))
+                            for n in eligible
+                        ],
+                        dtype=float,
+                    ),
+                    np.array([self.nodes[n] for n in eligible], dtype=float),
                 )
-                counts = np.array([self.nodes[n] for n in eligible], dtype=float)
-                self.cache[t] = (costs, counts)
+                if eligible
+                else None
+            )
         return self.cache[t]
 
     def affordable(self, t: PodType, held: np.ndarray) -> bool:
-        costs = self._costs(t)
-        if costs is None:
+        cover = self._cover(t)
+        if cover is None:
             return True  # nothing can hold it: it fails whatever was placed
-        return _cover_feasible(costs[0], costs[1], held)
+        return cover.feasible(held)
 
 
-def _cover_feasible(costs: np.ndarray, counts: np.ndarray, budget: np.ndarray) -> bool:
+class _CoverLP:
     """Is there y >= 0 with sum_r y[k, r] >= counts[k] and sum_k costs[k, r] y[k, r] <=
-    budget[r]? Nodes of one type may be split over resources (the LP)."""
-    from scipy.optimize import linprog
+    budget[r]? Nodes of one type may be split over resources. Built once; each query only
+    moves the budget rows' bounds."""
 
-    k, r = costs.shape
-    # Per resource: sum_k costs[k, r] y[k, r] <= budget[r]; per node type: -sum_r y <= -n.
-    a_ub = np.zeros((r + k, k * r))
-    for j in range(r):
-        a_ub[j, j::r] = costs[:, j]
-    for i in range(k):
-        a_ub[r + i, i * r : (i + 1) * r] = -1.0
-    b_ub = np.concatenate([budget, -counts])
-    result = linprog(np.zeros(k * r), A_ub=a_ub, b_ub=b_ub, bounds=(0, None), method="highs")
-    return bool(result.status == 0)
+    def __init__(self, costs: np.ndarray, counts: np.ndarray) -> None:
+        import highspy
+
+        k, r = costs.shape
+        self.resources = r
+        h = highspy.Highs()
+        h.setOptionValue("output_flag", False)
+        h.setOptionValue("threads", 1)
+        h.addVars(k * r, np.zeros(k * r), np.full(k * r, highspy.kHighsInf))
+        # Rows 0..r-1: each resource's cost (column k * r + j is y[k, j]); then per node
+        # type the count it must cover.
+        starts, indices, values = [], [], []
+        for j in range(r):
+            starts.append(len(indices))
+            indices.extend(range(j, k * r, r))
+            values.extend(costs[:, j])
+        for i in range(k):
+            starts.append(len(indices))
+            indices.extend(range(i * r, (i + 1) * r))
+            values.extend([1.0] * r)
+        lower = np.concatenate([np.full(r, -highspy.kHighsInf), counts])
+        upper = np.concatenate([np.zeros(r), np.full(k, highspy.kHighsInf)])
+        h.addRows(
+            r + k,
+            lower,
+            upper,
+            len(indices),
+            np.array(starts, dtype=np.int32),
+            np.array(indices, dtype=np.int32),
+            np.array(values, dtype=np.float64),
+        )
+        self.highs = h
+
+    def feasible(self, budget: np.ndarray) -> bool:
+        import highspy
+
+        for j in range(self.resources):
+            self.highs.changeRowBounds(j, -highspy.kHighsInf, float(budget[j]))
+        self.highs.run()
+        return self.highs.getModelStatus() == highspy.HighsModelStatus.kOptimal
 
 
 def _hull_lines(steps: np.ndarray, lines: int) -> tuple[tuple[float, float], ...]:
