@@ -68,6 +68,11 @@ def pod_type(job: Job) -> PodType:
     return (job.cpu_milli, job.memory_mib, job.num_gpu, job.gpu_milli, job.gpu_models)
 
 
+def takes_part(job: Job) -> bool:
+    """A valid GPU pod: CPU-only pods allocate no GPU, and the ceilings leave them out."""
+    return job.num_gpu > 0 and job.problem() is None
+
+
 def is_sharing(t: PodType) -> bool:
     return t[2] == 1 and 0 < t[3] < WHOLE_GPU_MILLI
 
@@ -94,15 +99,14 @@ def arrival_cuts(
     nodes: Counter[NodeType], jobs: Sequence[Job], lines: int = CHAIN_LINES
 ) -> ArrivalCuts:
     """The cuts (module docstring) of GPU pods `jobs`, in arrival order, on empty `nodes`."""
-    gpu_jobs = [j for j in jobs if j.num_gpu > 0 and j.problem() is None]
     positions: dict[PodType, list[int]] = defaultdict(list)
     for i, job in enumerate(jobs):
-        if job.num_gpu > 0 and job.problem() is None:
+        if takes_part(job):
             positions[pod_type(job)].append(i)
     # Requests held before position i: prefix sums over every pod (CPU-only ones too).
     held = np.zeros((len(jobs) + 1, 3))
     held[1:] = np.cumsum([(j.cpu_milli, j.memory_mib, j.gpu_request_milli) for j in jobs], axis=0)
-    sharing = {j.gpu_milli for j in gpu_jobs if j.is_sharing}
+    sharing = {t[3] for t in positions if is_sharing(t)}
     blocking = _Blocking(nodes, sharing)
     forced = {t: _forced(blocking, t, [held[p] for p in where]) for t, where in positions.items()}
     models = sorted({n[3] for n in nodes})

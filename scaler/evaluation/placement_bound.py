@@ -52,7 +52,15 @@ import numpy as np
 
 from scaler.cluster.job import WHOLE_GPU_MILLI, Job
 from scaler.cluster.snapshot import ClusterState
-from scaler.evaluation.arrival_cuts import ArrivalCuts, NodeType, PodType, arrival_cuts
+from scaler.evaluation.arrival_cuts import (
+    ArrivalCuts,
+    NodeType,
+    PodType,
+    arrival_cuts,
+    fits_empty,
+    pod_type,
+    takes_part,
+)
 from scaler.evaluation.placement_bench import INFLATION_RATIO, arrival_order, jobs_from_pods
 
 if TYPE_CHECKING:
@@ -170,10 +178,13 @@ class BoundResult:
             "status_at_130": self.at_130.status,
             "exact_gpu_packing": self.at_130.exact_gpu_packing,
         }
-        for point, solve in (("100", self.protocol_100), ("130", self.protocol_130)):
+        protocol = (
+            ("100", self.protocol_100, self.protocol_at_100),
+            ("130", self.protocol_130, self.protocol_at_130),
+        )
+        for point, solve, value in protocol:
             if solve is None:
                 continue
-            value = self.protocol_at_100 if point == "100" else self.protocol_at_130
             row[f"protocol_at_{point}"] = _up(value) if math.isfinite(value) else None
             row[f"protocol_gap_at_{point}"] = round(solve.gap, 6)
             row[f"forced_at_{point}"] = solve.forced_pods
@@ -210,20 +221,16 @@ def run_bound(
     state = ClusterState.from_frame(nodes)
     order = arrival_order(jobs_from_pods(pods), state.total_gpu_milli, seed, ratio)
     first, everything = arrived_sets(order, state.total_gpu_milli)
-
-    def solve(jobs: list[Job] | None, cuts: bool) -> Ceiling | None:
-        if jobs is None or (cuts and not protocol):
-            return None
-        return ceiling(state, jobs, time_limit_s, protocol=cuts)
-
-    at_130 = ceiling(state, everything, time_limit_s)
+    reached = first is not None
     return BoundResult(
         workload,
         seed,
-        solve(first, False),
-        at_130,
-        solve(first, True),
-        solve(everything, True),
+        at_100=ceiling(state, first, time_limit_s) if reached else None,
+        at_130=ceiling(state, everything, time_limit_s),
+        protocol_100=ceiling(state, first, time_limit_s, protocol=True)
+        if protocol and reached
+        else None,
+        protocol_130=ceiling(state, everything, time_limit_s, protocol=True) if protocol else None,
     )
 
 
@@ -267,11 +274,7 @@ def node_types(state: ClusterState) -> Counter[NodeType]:
 def pod_types(jobs: Sequence[Job]) -> Counter[PodType]:
     """Valid GPU pods by (CPU, memory, GPUs, share, models); CPU-only pods allocate no GPU
     and the model may leave any pod out, so they play no part."""
-    return Counter(
-        (j.cpu_milli, j.memory_mib, j.num_gpu, j.gpu_milli, j.gpu_models)
-        for j in jobs
-        if j.num_gpu > 0 and j.problem() is None
-    )
+    return Counter(pod_type(j) for j in jobs if takes_part(j))
 
 
 def maximal_patterns(
@@ -362,12 +365,8 @@ class _Model:
         patterns: list[tuple[int, ...]] | None,
         by_type: dict[PodType, list[int]],
     ) -> None:
-        cpu, mem, gpus, model = node
-        fits = [
-            t
-            for t in pods
-            if t[2] <= gpus and t[0] <= cpu and t[1] <= mem and (not t[4] or model in t[4])
-        ]
+        cpu, mem, gpus, _ = node
+        fits = [t for t in pods if fits_empty(t, node)]
         if not fits:
             return
         x = {t: self._column(float(pods[t]), float(t[2] * t[3])) for t in fits}
