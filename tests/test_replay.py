@@ -36,6 +36,7 @@ from scaler.evaluation.scaling_bench import (
     BenchSettings,
     PreparedSeries,
     bench_trace,
+    in_band_if_calibrated,
     overview,
     planner_run,
     prepare_trace,
@@ -457,6 +458,21 @@ def test_cost_at_matched_shortage_is_set_against_the_cheapest_baseline_with_no_m
     assert totals[0, 0.1]["share_in_band"] == 0.0  # 200 / 100 steps short, not 5-20 %
     assert totals[0, 0.01]["matched"] == 1 and totals[1, 0.01]["matched"] == 0
     assert totals[1, 0.01]["mean_saving"] is None
+    # 100 steps at a knob of 0.01: a calibrated policy is short once on average, and the
+    # band (1 or 2 short steps) holds P(1) + P(2) of a Poisson count of mean 1
+    assert totals[0, 0.01]["calibrated_in_band"] == pytest.approx(math.exp(-1) * 1.5)
+
+
+def test_a_calibrated_policy_misses_the_band_often_at_low_knobs() -> None:
+    """The yardstick for the knob's band: at 0.003 over ten days (1,440 steps) 3 to 8 short
+    steps are in it, which a Poisson count of mean 4.32 hits about 77 % of the time; at 0.1
+    nearly always."""
+    mean = 0.003 * 1440
+    hit = sum(math.exp(-mean) * mean**k / math.factorial(k) for k in range(3, 9))
+    assert in_band_if_calibrated(0.003, 1440) == pytest.approx(hit)
+    assert 0.76 < in_band_if_calibrated(0.003, 1440) < 0.78
+    assert in_band_if_calibrated(0.1, 1440) > 0.999
+    assert in_band_if_calibrated(0.001, 1440) < in_band_if_calibrated(0.01, 1440)
 
 
 def test_no_decision_reads_demand_at_or_after_its_step(traces_dir: Path) -> None:

@@ -247,7 +247,7 @@ def _print_rows(
     if overall:
         totals = Table(title="per trace, lag and knob, over its series")
         columns = ("trace", "L", "knob", "series", "matched", "mean saving", "worst")
-        for column in (*columns, "short share in knob/2..2 knob"):
+        for column in (*columns, "short share in knob/2..2 knob", "if calibrated"):
             totals.add_column(column, justify="left" if column == "trace" else "right")
         for o in overall:
             mean, worst = o["mean_saving"], o["worst_saving"]
@@ -260,6 +260,7 @@ def _print_rows(
                 "n/a" if mean is None else f"{mean:+.1%}",
                 "n/a" if worst is None else f"{worst:+.1%}",
                 f"{o['share_in_band']:.0%}",
+                f"{o['calibrated_in_band']:.0%}",
             )
         console.print(totals)
 
