@@ -129,6 +129,21 @@ def test_static_holds_the_real_capacity() -> None:
     assert out.shortage.tolist() == [2, 0]
 
 
+@pytest.mark.parametrize(("lag", "short", "ratio"), [(0, 2 / 4, 40 / 35), (1, 2 / 3, 30 / 31)])
+def test_the_warm_up_is_scored_apart_from_the_test_window(
+    lag: int, short: float, ratio: float
+) -> None:
+    """Steps 1-4 warm up, 5-7 are the test; the fleet starts empty, so a lag's first steps
+    are left out of the warm-up's score."""
+    s = series([3, 4, 12, 5, 14, 6, 2, 8], warmup=1, start=5)
+    out = replay(s, StaticPolicy(np.full(8, 10.0)), lag=lag)
+    assert out.shortage.tolist() == [0, 0, 0]  # the test window only: 6, 2, 8
+    row = out.row()
+    assert row["warmup_short_share"] == pytest.approx(short)
+    assert row["warmup_provisioning_ratio"] == pytest.approx(ratio)
+    assert replay(series([3, 4, 5]), StaticPolicy(np.full(3, 10.0)), 0).warmup_ratio is None
+
+
 def test_ces_scales_to_demand_plus_buffer_after_a_shortage_and_keeps() -> None:
     demand = [10.0, 10, 20, 20, 12, 11, 10, 9, 8, 7, 6, 5]
     flat = np.full(len(demand), 0.0)  # the forecast points down
@@ -463,6 +478,41 @@ def test_cost_at_matched_shortage_is_set_against_the_cheapest_baseline_with_no_m
     assert totals[0, 0.01]["calibrated_in_band"] == pytest.approx(math.exp(-1) * 1.5)
 
 
+def test_the_tuned_buffer_is_chosen_on_the_warm_up_and_judged_on_the_test() -> None:
+    def row(policy: str, knob: float | None, test: tuple, warm: tuple | None) -> dict:
+        return {
+            "trace": "t", "series": "s", "lag_steps": 0, "policy": policy, "knob": knob,
+            "provisioning_ratio": test[0], "shortage_node_steps": test[1],
+            "shortage_events": test[1], "steps": 1000,
+            "warmup_short_share": None if warm is None else warm[0],
+            "warmup_provisioning_ratio": None if warm is None else warm[1],
+        }  # fmt: skip
+
+    rows = [
+        row("reactive", None, (1.0, 90), (0.05, 1.0)),
+        row("headroom", 1, (1.2, 12), (0.004, 1.2)),  # cheapest within 0.005 on the warm-up
+        row("headroom", 2, (1.3, 2), (0.0, 1.3)),
+        row("rolling-max", 3, (1.1, 5), (0.006, 1.1)) | {"window_steps": 6, "buffer_nodes": 3},
+        row("predictive", 0.005, (1.15, 6), None),  # cheaper and short less than headroom 1
+        row("predictive", 0.0001, (1.4, 3), None),  # none within: headroom 2, short least
+    ]
+    summary = {s["knob"]: s for s in summarize(rows)}
+    point = summary[0.005]
+    assert point["matched"] == "rolling-max W6+3"  # the test window's envelope, as before
+    assert point["tuned"] == "headroom 1" and point["tuned_node_steps"] == 12
+    assert point["tuned_saving"] == pytest.approx(1 - 1.15 / 1.2)
+    assert point["no_worse_on_both"] == "ours"
+    # headroom 1 is short 12 node-steps; the test window's cheapest with no more is
+    # rolling-max W6+3 (5 node-steps, 1.1)
+    assert point["tuned_matched_saving"] == pytest.approx(1 - 1.2 / 1.1)
+    assert summary[0.0001]["tuned"] == "headroom 2"
+    assert summary[0.0001]["no_worse_on_both"] == "tuned"
+    totals = {o["knob"]: o for o in overview(list(summary.values()))}
+    assert (totals[0.005]["ours_no_worse"], totals[0.005]["tuned_no_worse"]) == (1, 0)
+    assert (totals[0.0001]["ours_no_worse"], totals[0.0001]["tuned_no_worse"]) == (0, 1)
+    assert totals[0.0001]["tuned_mean_saving"] == pytest.approx(0.0)  # on the envelope
+
+
 def test_a_calibrated_policy_misses_the_band_often_at_low_knobs() -> None:
     """The yardstick for the knob's band: at 0.003 over ten days (1,440 steps) 3 to 8 short
     steps are in it, which a Poisson count of mean 4.32 hits about 77 % of the time; at 0.1
@@ -510,6 +560,7 @@ def test_gpuscale_bench_scaling_writes_the_row_contract(traces_dir: Path, tmp_pa
     result = CliRunner().invoke(app, args)
     assert result.exit_code == 0, result.output
     assert "cost at matched shortage" in result.output
+    assert "over 4 points" in result.output and "the buffer tuned the week before" in result.output
     document = json.loads(out.read_text())
     assert document["suite"] == "scaling"
     fields = {
@@ -531,6 +582,7 @@ def test_gpuscale_bench_scaling_writes_the_row_contract(traces_dir: Path, tmp_pa
         assert {"matched", "matched_ratio", "matched_node_steps", "saving", "short_share"} <= (
             s.keys()
         )
+        assert s["tuned"] is not None and s["tuned_matched_saving"] <= 0  # it is a baseline
     assert {(o["knob"], o["lag_steps"]) for o in document["overview"]} == set(ours)
 
 

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import json
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Annotated
 
@@ -247,10 +247,12 @@ def _print_rows(
     if overall:
         totals = Table(title="per trace, lag and knob, over its series")
         columns = ("trace", "L", "knob", "series", "matched", "mean saving", "worst")
-        for column in (*columns, "short share in knob/2..2 knob", "if calibrated"):
+        bands = ("short share in knob/2..2 knob", "if calibrated")
+        tuned_columns = ("tuned the week before: saving", "in band")
+        for column in (*columns, *bands, *tuned_columns):
             totals.add_column(column, justify="left" if column == "trace" else "right")
         for o in overall:
-            mean, worst = o["mean_saving"], o["worst_saving"]
+            mean, worst, tuned = o["mean_saving"], o["worst_saving"], o["tuned_mean_saving"]
             totals.add_row(
                 str(o["trace"]),
                 str(o["lag_steps"]),
@@ -261,8 +263,31 @@ def _print_rows(
                 "n/a" if worst is None else f"{worst:+.1%}",
                 f"{o['share_in_band']:.0%}",
                 f"{o['calibrated_in_band']:.0%}",
+                "n/a" if tuned is None else f"{tuned:+.1%}",
+                f"{o['tuned_in_band']:.0%}",
             )
         console.print(totals)
+        console.print(_against_the_tuned_buffer(summary))
+
+
+def _against_the_tuned_buffer(summary: Sequence[dict[str, object]]) -> str:
+    """One line over every point: ours and the buffer tuned the week before, each against
+    the test window's cheapest baseline with no more shortage, and how often each kept the
+    knob's band."""
+    from scaler.evaluation.scaling_bench import in_band
+
+    def side(saving: str, share: str) -> str:
+        values = [float(s[saving]) for s in summary if s.get(saving) is not None]
+        dearer = sum(v < -1e-9 for v in values)
+        kept = sum(in_band(float(s["knob"]), s.get(share)) for s in summary)
+        mean = f"{sum(values) / len(values):+.1%}" if values else "n/a"
+        return f"{mean} on average, dearer on {dearer}, in band on {kept}"
+
+    return (
+        f"over {len(summary)} points, against the cheapest baseline short no more: predictive "
+        f"{side('saving', 'short_share')}; the buffer tuned the week before "
+        f"{side('tuned_matched_saving', 'tuned_short_share')}"
+    )
 
 
 def plan_command(

@@ -91,6 +91,11 @@ class ReplayOutcome:
     # The policy's setting: `knob` (the swept value; None for a policy without one) and the
     # protocol's extra fields of a swept row (e.g. `window_steps`, `buffer_nodes`).
     setting: dict[str, float] = field(default_factory=dict)
+    # Over the warm-up steps before the test window, what a team tuning a buffer by hand
+    # would have seen of it: its share of short steps and its provisioning ratio (None
+    # without warm-up steps).
+    warmup_short_share: float | None = None
+    warmup_ratio: float | None = None
 
     def row(self) -> dict[str, object]:
         """The benchmark row (BENCHMARKS.md `scaling` fields, plus extras)."""
@@ -115,6 +120,8 @@ class ReplayOutcome:
             "mean_demand": float(demand.mean()),
             "mean_fleet": float(self.paid.mean()),
             "replay_seconds": round(self.seconds, 4),
+            "warmup_short_share": self.warmup_short_share,
+            "warmup_provisioning_ratio": self.warmup_ratio,
         }
 
 
@@ -129,9 +136,9 @@ def replay(
         raise ValueError("lag must be >= 0")
     began = time.perf_counter()
     demand, bound = series.demand, series.bound
-    n_test = series.end - series.start
-    paid = np.zeros(n_test)
-    ready_out = np.zeros(n_test)
+    steps = series.end - series.warmup
+    paid = np.zeros(steps)
+    ready_out = np.zeros(steps)
     actions = 0
     ready = 0
     booting = [0] * lag  # booting[k]: nodes that become ready at step t + 1 + k
@@ -156,22 +163,31 @@ def replay(
                 booting[k] -= take
                 excess -= take
             ready -= excess
+        paid[t - series.warmup] = target
+        ready_out[t - series.warmup] = ready
         if t >= series.start:
-            i = t - series.start
-            paid[i] = target
-            ready_out[i] = ready
             actions += target != total
-    shortage = np.maximum(demand[series.start : series.end] - ready_out, 0.0)
+    shortage = np.maximum(demand[series.warmup : series.end] - ready_out, 0.0)
+    test = series.start - series.warmup
+    # The fleet starts empty: its first `lag` warm-up steps are short under any policy.
+    early = min(lag, test)
+    warm, warm_short, warm_paid = (
+        demand[series.warmup + early : series.start],
+        shortage[early:test],
+        paid[early:test],
+    )
     return ReplayOutcome(
         series=series,
         policy=policy.name,
         lag=lag,
-        paid=paid,
-        ready=ready_out,
-        shortage=shortage,
+        paid=paid[test:],
+        ready=ready_out[test:],
+        shortage=shortage[test:],
         actions=actions,
         seconds=time.perf_counter() - began,
         setting=dict(setting or {}),
+        warmup_short_share=float((warm_short > 0).mean()) if warm.size else None,
+        warmup_ratio=float(warm_paid.sum() / warm.sum()) if warm.sum() > 0 else None,
     )
 
 
