@@ -167,17 +167,10 @@ class _Blocking:
         """The LP of t's eligible node types, built once per type (None: no node fits)."""
         if t not in self.cache:
             eligible = [n for n in self.nodes if fits_empty(t, n)]
+            costs = [(n[0] - t[0] + 1, n[1] - t[1] + 1, self._gpu_cost(t, n[2])) for n in eligible]
+            counts = [self.nodes[n] for n in eligible]
             self.cache[t] = (
-                _CoverLP(
-                    np.array(
-                        [
-                            (n[0] - t[0] + 1, n[1] - t[1] + 1, self._gpu_cost(t, n[2]))
-                            for n in eligible
-                        ],
-                        dtype=float,
-                    ),
-                    np.array([self.nodes[n] for n in eligible], dtype=float),
-                )
+                _CoverLP(np.array(costs, dtype=float), np.array(counts, dtype=float))
                 if eligible
                 else None
             )
@@ -227,14 +220,15 @@ class _CoverLP:
             np.array(values, dtype=np.float64),
         )
         self.highs = h
+        # Kept for the queries, which the binary searches make thousands of times.
+        self._infinity = highspy.kHighsInf
+        self._optimal = highspy.HighsModelStatus.kOptimal
 
     def feasible(self, budget: np.ndarray) -> bool:
-        import highspy
-
         for j in range(self.resources):
-            self.highs.changeRowBounds(j, -highspy.kHighsInf, float(budget[j]))
+            self.highs.changeRowBounds(j, -self._infinity, float(budget[j]))
         self.highs.run()
-        return self.highs.getModelStatus() == highspy.HighsModelStatus.kOptimal
+        return self.highs.getModelStatus() == self._optimal
 
 
 def _hull_lines(steps: np.ndarray, lines: int) -> tuple[tuple[float, float], ...]:

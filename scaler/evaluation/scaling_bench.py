@@ -49,6 +49,7 @@ from scaler.evaluation.replay import (
     rolling_outlook,
     spare_nodes,
 )
+from scaler.planning.buffer_tuning import RuleRecord, cheapest_within
 from scaler.planning.planner import PlannerPolicy
 
 QUANTILES: tuple[float, ...] = (0.5, 0.9, 0.99)
@@ -400,20 +401,23 @@ def matched_baseline(envelope: Sequence[Row], shortage: float) -> Row | None:
 
 
 def tuned_buffer(baselines: Sequence[Row], knob: float) -> Row | None:
-    """The buffer a team would have tuned by hand the week before: the baseline row
-    cheapest over the warm-up steps among those short on no more than `knob` of them (when
-    none is, the one short least often there, cheapest among those). Chosen on the warm-up
-    alone, it is then judged on the test window like our planner."""
-    seen = [r for r in baselines if r.get("warmup_provisioning_ratio") is not None]
+    """The buffer a team would have tuned by hand the week before: the planner's own choice
+    (`cheapest_within`) made on the warm-up steps, the baseline row cheapest there among
+    those short on no more than `knob` of them (when none is, the one short least often,
+    cheapest among those). Chosen on the warm-up alone, it is then judged on the test
+    window like our planner."""
+    # Over one series the warm-up ratio orders rows as their nodes paid do; sorted by
+    # label, a tie goes to the first label.
+    seen = sorted(
+        (r for r in baselines if r.get("warmup_provisioning_ratio") is not None), key=row_label
+    )
     if not seen:
         return None
-    within = [r for r in seen if float(r["warmup_short_share"]) <= knob + 1e-12]
-    if within:
-        return min(within, key=lambda r: (r["warmup_provisioning_ratio"], row_label(r)))
-    return min(
-        seen,
-        key=lambda r: (r["warmup_short_share"], r["warmup_provisioning_ratio"], row_label(r)),
-    )
+    records = [
+        RuleRecord(i, float(r["warmup_short_share"]), float(r["warmup_provisioning_ratio"]), 0)
+        for i, r in enumerate(seen)
+    ]
+    return seen[cheapest_within(records, knob).rule]
 
 
 def row_label(row: Row) -> str:
@@ -491,6 +495,18 @@ def in_band_if_calibrated(knob: float, steps: int) -> float:
     return total
 
 
+TUNED_FIELDS = (
+    "tuned",
+    "tuned_ratio",
+    "tuned_events",
+    "tuned_node_steps",
+    "tuned_short_share",
+    "tuned_saving",
+    "tuned_matched_saving",
+    "no_worse_on_both",
+)
+
+
 def _against_tuned(ours: Row, tuned: Row | None, envelope: Sequence[Row]) -> Row:
     """A predictive point next to the buffer tuned on the warm-up (`tuned_buffer`): its
     label, test ratio and shortage, our saving against it, which side is no worse on both
@@ -500,7 +516,7 @@ def _against_tuned(ours: Row, tuned: Row | None, envelope: Sequence[Row]) -> Row
     ours: how far from the best setting in hindsight a setting chosen the week before
     lands."""
     if tuned is None:
-        return {"tuned": None, "tuned_ratio": None, "tuned_events": None}
+        return dict.fromkeys(TUNED_FIELDS)
     best = matched_baseline(envelope, float(tuned["shortage_node_steps"]))
     ratio, short = float(ours["provisioning_ratio"]), float(ours["shortage_node_steps"])
     their_ratio, their_short = (
