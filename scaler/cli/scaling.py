@@ -274,14 +274,14 @@ def _against_the_tuned_buffer(summary: Sequence[dict[str, object]]) -> str:
     """One line over every point: ours and the buffer tuned the week before, each against
     the test window's cheapest baseline with no more shortage, and how often each kept the
     knob's band."""
-    from scaler.evaluation.scaling_bench import in_band
+    from scaler.evaluation.scaling_bench import in_band, mean_of
 
     def side(saving: str, share: str) -> str:
-        values = [float(s[saving]) for s in summary if s.get(saving) is not None]
-        dearer = sum(v < -1e-9 for v in values)
+        dearer = sum(float(s[saving]) < -1e-9 for s in summary if s.get(saving) is not None)
         kept = sum(in_band(float(s["knob"]), s.get(share)) for s in summary)
-        mean = f"{sum(values) / len(values):+.1%}" if values else "n/a"
-        return f"{mean} on average, dearer on {dearer}, in band on {kept}"
+        mean = mean_of(summary, saving)
+        text = "n/a" if mean is None else f"{mean:+.1%}"
+        return f"{text} on average, dearer on {dearer}, in band on {kept}"
 
     return (
         f"over {len(summary)} points, against the cheapest baseline short no more: predictive "

@@ -548,7 +548,8 @@ def in_band(knob: float, share: object) -> bool:
     return share is not None and knob / 2 <= float(share) <= 2 * knob
 
 
-def _mean_of(points: Sequence[Row], key: str) -> float | None:
+def mean_of(points: Sequence[Row], key: str) -> float | None:
+    """The mean of `key` over the points that have one (None when none has)."""
     values = [float(p[key]) for p in points if p.get(key) is not None]
     return float(np.mean(values)) if values else None
 
@@ -578,13 +579,13 @@ def overview(summary: Sequence[Row]) -> list[Row]:
                 "knob": knob,
                 "series": len(points),
                 "matched": len(savings),
-                "mean_saving": float(np.mean(savings)) if savings else None,
+                "mean_saving": mean_of(points, "saving"),
                 "worst_saving": min(savings) if savings else None,
                 "share_in_band": float(np.mean(kept)),
                 "calibrated_in_band": float(
                     np.mean([in_band_if_calibrated(knob, int(p["steps"])) for p in points])
                 ),
-                "tuned_mean_saving": _mean_of(points, "tuned_matched_saving"),
+                "tuned_mean_saving": mean_of(points, "tuned_matched_saving"),
                 "tuned_in_band": float(
                     np.mean([in_band(knob, p.get("tuned_short_share")) for p in points])
                 ),
