@@ -507,6 +507,12 @@ def test_the_tuned_buffer_is_chosen_on_the_warm_up_and_judged_on_the_test() -> N
     assert point["tuned_matched_saving"] == pytest.approx(1 - 1.2 / 1.1)
     assert summary[0.0001]["tuned"] == "headroom 2"
     assert summary[0.0001]["no_worse_on_both"] == "tuned"
+    # a series with no warm-up score: the same fields, every tuned one None
+    unseen = [r | {"warmup_short_share": None, "warmup_provisioning_ratio": None} for r in rows]
+    blind = summarize(unseen)[0]
+    assert blind.keys() == point.keys()
+    tuned_fields = [k for k in blind if k.startswith("tuned") or k == "no_worse_on_both"]
+    assert len(tuned_fields) == 8 and all(blind[k] is None for k in tuned_fields)
     totals = {o["knob"]: o for o in overview(list(summary.values()))}
     assert (totals[0.005]["ours_no_worse"], totals[0.005]["tuned_no_worse"]) == (1, 0)
     assert (totals[0.0001]["ours_no_worse"], totals[0.0001]["tuned_no_worse"]) == (0, 1)

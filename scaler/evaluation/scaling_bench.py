@@ -495,7 +495,8 @@ def in_band_if_calibrated(knob: float, steps: int) -> float:
     return total
 
 
-TUNED_FIELDS = (
+# What `_against_tuned` reports, all None where no buffer was tuned.
+_TUNED_FIELDS = (
     "tuned",
     "tuned_ratio",
     "tuned_events",
@@ -516,7 +517,7 @@ def _against_tuned(ours: Row, tuned: Row | None, envelope: Sequence[Row]) -> Row
     ours: how far from the best setting in hindsight a setting chosen the week before
     lands."""
     if tuned is None:
-        return dict.fromkeys(TUNED_FIELDS)
+        return dict.fromkeys(_TUNED_FIELDS)
     best = matched_baseline(envelope, float(tuned["shortage_node_steps"]))
     ratio, short = float(ours["provisioning_ratio"]), float(ours["shortage_node_steps"])
     their_ratio, their_short = (
