@@ -47,7 +47,7 @@ def stream(job_list: pd.DataFrame, minutes: int = 90, forecast_gpus: float = 0.0
         BEGIN,
         BEGIN,
         BEGIN + pd.Timedelta(minutes=minutes),
-        PlannerPolicy(mode="predictive", target_shortage=0.5),
+        PlannerPolicy(mode="predictive", job_wait_share=0.5),
         flat_outlook(forecast_gpus, minutes),
         LEVELS,
         None,
@@ -96,7 +96,7 @@ def test_spare_nodes_belong_to_headroom_mode_only() -> None:
 
 
 def test_runs_are_reactive_headroom_then_predictive_with_the_default_marked() -> None:
-    runs = job_runs(PlannerPolicy(target_shortage=0.5), HEADROOM_NODES, (0.1, 0.01, 0.5))
+    runs = job_runs(PlannerPolicy(job_wait_share=0.5), HEADROOM_NODES, (0.1, 0.01, 0.5))
     assert [(r.mode, r.knob, r.default) for r in runs] == [
         ("reactive", None, False),
         *[("headroom", k, False) for k in (1, 2, 3, 4)],
@@ -108,7 +108,7 @@ def test_runs_are_reactive_headroom_then_predictive_with_the_default_marked() ->
 
 def test_rows_carry_the_benchmark_fields_and_parallel_runs_match_serial_ones() -> None:
     burst = jobs(*[(float(m), g, 1000, 25) for m in range(0, 60, 7) for g in (1, 4, 8)])
-    runs = job_runs(PlannerPolicy(target_shortage=0.5), (1, 2), (0.1,))
+    runs = job_runs(PlannerPolicy(job_wait_share=0.5), (1, 2), (0.1,))
     serial = _run_all(stream(burst, forecast_gpus=16), runs, 1)
     parallel = _run_all(stream(burst, forecast_gpus=16), runs, 2)
     for one, other in zip(serial, parallel, strict=True):
@@ -231,3 +231,15 @@ def test_gpuscale_simulate_synthetic_frontier_json(tmp_path: Path) -> None:
         app, ["simulate", "--trace", "philly:x.csv", "--frontier", *args[-2:]]
     )
     assert wrong.exit_code != 0 and "--frontier" in wrong.output
+
+    own = CliRunner().invoke(app, [*args, "--wait-share", "0.5", "--json"])
+    assert own.exit_code == 0, own.output
+    ours = [(r["knob"], r["default"]) for r in json.loads(own.output)["rows"][5:]]
+    assert ours == [(0.5, True)]
+    # Each mode's knob is its own: the other one's is refused, not ignored.
+    mixed = CliRunner().invoke(app, [*args, "--target-shortage", "0.01"])
+    assert mixed.exit_code != 0 and "--wait-share" in mixed.output
+    replay = CliRunner().invoke(
+        app, ["simulate", "--trace", "philly:x.csv", "--wait-share", "0.5", *args[-2:]]
+    )
+    assert replay.exit_code != 0 and "--wait-share" in replay.output

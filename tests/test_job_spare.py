@@ -131,7 +131,7 @@ def outlook(requests: NodeRequests | None, observed: float = 16.0) -> DemandOutl
 
 def test_the_planner_sizes_the_spare_on_job_level_input_only() -> None:
     pool = gpu_pool(max_size=20)
-    policy = PlannerPolicy(target_shortage=0.05, tuning_min_steps=6)
+    policy = PlannerPolicy(job_wait_share=0.05, tuning_min_steps=6)
     fleet = FleetCapacity(MONDAY, (PoolCapacity("gpu", 2),))
     trace_memory = job_memory = None
     for step in range(12):
@@ -165,7 +165,7 @@ def test_predictive_mode_holds_the_planner_spare_on_top_of_reactive_demand() -> 
         BEGIN + pd.Timedelta(hours=12),
         BEGIN + pd.Timedelta(minutes=minutes),
     )
-    policy = PlannerPolicy(target_shortage=0.1, tuning_min_steps=36)
+    policy = PlannerPolicy(job_wait_share=0.1, tuning_min_steps=36)
     reactive = simulate_jobs(stream, common[0], "reactive", *common[1:], policy)
     predictive = simulate_jobs(
         stream, common[0], "predictive", *common[1:], policy, flat_outlook(0.0, minutes), LEVELS
@@ -192,3 +192,27 @@ def test_node_requests_are_the_rises_of_reactive_demand() -> None:
     demand = ReactiveDemand({"a100": 7, "h100": 1, "t4": 3}, ScaleUpEstimate(pools={}))
     assert demand.rises({"a100": 3, "h100": 2}) == {"a100": 4}  # a gang of four at once
     assert demand.rises({}) == {}
+
+
+def test_the_job_level_spare_follows_its_own_knob_not_the_step_level_one() -> None:
+    # The two knobs mean different things (a share of boot time waited, a share of steps
+    # short): the job-level spare moves with `job_wait_share` only, and a live loop left
+    # at the defaults sizes it at the job level's default, not at the step level's 0.001.
+    pool = gpu_pool(max_size=20)
+    fleet = FleetCapacity(MONDAY, (PoolCapacity("gpu", 2),))
+
+    def spare(policy: PlannerPolicy) -> int | None:
+        memory = None
+        for step in range(12):
+            now = FleetCapacity(MONDAY + timedelta(minutes=10 * step), fleet.pools)
+            result = plan([outlook(NodeRequests((3.0,), (2,)))], now, [pool], policy, memory)
+            memory = result.memory
+        return result.needs[0].spare_nodes
+
+    tuned = {"tuning_min_steps": 6}
+    assert PlannerPolicy().job_wait_share == 0.2
+    assert spare(PlannerPolicy(**tuned, target_shortage=0.001)) == spare(
+        PlannerPolicy(**tuned, target_shortage=0.2)
+    )
+    assert spare(PlannerPolicy(**tuned, job_wait_share=0.001)) == 2
+    assert spare(PlannerPolicy(**tuned, job_wait_share=1.0)) == 0

@@ -340,7 +340,7 @@ def test_predictive_cuts_waiting_on_the_synthetic_workload() -> None:
         end=end,
         warmup=pd.Timedelta(hours=6),
         # The spare is sized on the node requests of the warm-up (6 hours, not a day).
-        policy=PlannerPolicy(mode="predictive", target_shortage=0.2, tuning_min_steps=36),
+        policy=PlannerPolicy(mode="predictive", tuning_min_steps=36),
     )
     reactive, predictive = comparison.rows()
     assert reactive["jobs"] == predictive["jobs"] > 100

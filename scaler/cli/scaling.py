@@ -413,7 +413,10 @@ def plan_command(
 
 
 def _load_policy(
-    path: Path | None, mode: str | None, target_shortage: float | None
+    path: Path | None,
+    mode: str | None,
+    target_shortage: float | None,
+    wait_share: float | None = None,
 ) -> PlannerPolicy:
     from predictor.foundation.config_files import read_yaml, validated
     from predictor.foundation.errors import InputError
@@ -427,6 +430,8 @@ def _load_policy(
         data["mode"] = mode
     if target_shortage is not None:
         data["target_shortage"] = target_shortage
+    if wait_share is not None:
+        data["job_wait_share"] = wait_share
     return validated(PlannerPolicy, data, path, None if document is None else document.text)
 
 
@@ -522,8 +527,9 @@ def simulate(
         list[float] | None,
         typer.Option(
             "--knob",
-            help="Target-shortage settings for the frontier (repeat; default 0.001, 0.003,"
-            " 0.01, 0.03, 0.1, and for --synthetic also 0.2, 0.3).",
+            help="Knob settings for the frontier (repeat): a replay's --target-shortage"
+            " (default 0.001, 0.003, 0.01, 0.03, 0.1), --synthetic's --wait-share (those and"
+            " 0.2, 0.3).",
         ),
     ] = None,
     frontier: Annotated[
@@ -547,9 +553,17 @@ def simulate(
         float | None,
         typer.Option(
             "--target-shortage",
-            help="The service knob of our policy. A replay (default: the planner's): the share"
-            " of steps allowed short. --synthetic (default 0.2): the share of the boot time"
-            " requested GPUs may wait (a purely reactive autoscaler waits about one boot: 1.0).",
+            help="A replay's service knob (default: the planner's, 0.001): the share of steps"
+            " allowed short.",
+        ),
+    ] = None,
+    wait_share: Annotated[
+        float | None,
+        typer.Option(
+            "--wait-share",
+            help="--synthetic's service knob (default: the planner's job_wait_share, 0.2): the"
+            " share of the boot time requested GPUs may wait (a purely reactive autoscaler"
+            " waits about one boot: 1.0).",
         ),
     ] = None,
     workload: Annotated[
@@ -603,13 +617,16 @@ def simulate(
 
     if queue not in ORDERS:
         raise typer.BadParameter(f"must be one of {', '.join(ORDERS)}", param_hint="--queue")
-    if synthetic and target_shortage is None:
-        from scaler.evaluation.job_simulator import JOB_LEVEL_TARGET_SHORTAGE
-
-        target_shortage = JOB_LEVEL_TARGET_SHORTAGE
+    # Each mode has its own knob; one given to the other would be ignored without a word.
+    if synthetic and target_shortage is not None:
+        raise typer.BadParameter(
+            "is a replay's knob; --synthetic's is --wait-share", param_hint="--target-shortage"
+        )
+    if not synthetic and wait_share is not None:
+        raise typer.BadParameter("is --synthetic's knob", param_hint="--wait-share")
     from scaler.evaluation.simulate import simulate_jobs, simulate_trace
 
-    policy = _load_policy(None, mode, target_shortage)
+    policy = _load_policy(None, mode, target_shortage, wait_share)
     if synthetic:
         import os
 

@@ -25,7 +25,6 @@ from predictor.models.forecast import Forecaster
 from scaler.cluster.pools import NodePool
 from scaler.evaluation.job_simulator import (
     DEFAULT_QUEUE,
-    JOB_LEVEL_TARGET_SHORTAGE,
     WARMUP,
     JobMode,
     JobSimResult,
@@ -48,7 +47,7 @@ Row = dict[str, object]
 @dataclass(frozen=True)
 class JobRun:
     """One run of a comparison: a mode and its setting (spare nodes per pool for
-    `headroom`, the target shortage for `predictive`)."""
+    `headroom`, the job-level knob `job_wait_share` for `predictive`)."""
 
     mode: JobMode
     knob: float | None = None
@@ -62,7 +61,7 @@ def job_runs(
     policy's own (marked default), in that order; knobs ascending."""
     runs = [JobRun("reactive")]
     runs += [JobRun("headroom", k) for k in sorted(set(headroom))]
-    ours = policy.target_shortage
+    ours = policy.job_wait_share
     runs += [JobRun("predictive", k, default=k == ours) for k in sorted({*knobs, ours})]
     return runs
 
@@ -86,7 +85,7 @@ class _Stream:
 def _simulate(stream: _Stream, run: JobRun) -> JobSimResult:
     policy = stream.policy
     if run.mode == "predictive" and run.knob is not None:
-        policy = policy.model_copy(update={"target_shortage": run.knob})
+        policy = policy.model_copy(update={"job_wait_share": run.knob})
     result = simulate_jobs(
         stream.jobs,
         stream.pools,
@@ -168,10 +167,9 @@ def compare_on_workload(
     the policy's knob and each of `knobs`, on one job stream. The forecaster (a
     `Forecaster`) is fitted on the per-pool demand (`unique_id` = pool, GPUs, any
     resolution) before `start - warmup`; the warm-up days then run every mode (and the
-    planner's margin) in, and jobs submitted in [start, end) are scored. The default
-    policy is the planner's with the job-level service knob `JOB_LEVEL_TARGET_SHORTAGE`.
-    `workers` > 1 runs them on that many processes."""
-    policy = policy or PlannerPolicy(target_shortage=JOB_LEVEL_TARGET_SHORTAGE)
+    planner's margin) in, and jobs submitted in [start, end) are scored; the knobs are
+    the policy's `job_wait_share`. `workers` > 1 runs them on that many processes."""
+    policy = policy or PlannerPolicy()
     begin = start - warmup
     outlooks = _outlooks(demand, pools, forecaster, begin, warmup, levels)
     stream = _Stream(jobs, tuple(pools), begin, start, end, policy, outlooks, levels, cloud, queue)

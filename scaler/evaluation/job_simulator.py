@@ -92,12 +92,6 @@ from scaler.providers.simulated import (
 STEP_MINUTES = 10
 UNNEEDED_MINUTES = 10
 WARMUP = pd.Timedelta(days=2)
-# At job level the knob is the share of the requested GPUs' boot time they may wait
-# (`planning.job_spare`; a reactive autoscaler's share is about 1). 0.2 was chosen on the
-# synthetic workload's validation seeds 10-14 (21 days, `--frontier`): 3.4-4.7 % fewer
-# GPU-hours than the baselines' frontier at the same GPU-minutes waited and 22-34 % fewer
-# GPU-minutes waited at the same GPU-hours, where 0.5 was within -0.5 to +1.4 % of it.
-JOB_LEVEL_TARGET_SHORTAGE = 0.2
 # Arrival order: what the first-fit simulator did, so its figures stay comparable.
 DEFAULT_QUEUE: Order = "fifo"
 PLACEHOLDER_PRIORITY = -1
@@ -868,7 +862,7 @@ def simulate_jobs(
         queue=queue,
         placeholders_preempted=scheduler.preempted,
         job_ids=tuple(t.gang_or_id for t in [*scored, *unstarted]),
-        knob={"headroom": spare, "predictive": policy.target_shortage}.get(mode),
+        knob={"headroom": spare, "predictive": policy.job_wait_share}.get(mode),
         seconds=time.perf_counter() - began,
     )
 
