@@ -3,6 +3,8 @@ against the policies on a slice of the real openb files."""
 
 from __future__ import annotations
 
+import subprocess
+import sys
 from pathlib import Path
 
 import numpy as np
@@ -181,3 +183,19 @@ def test_the_lp_rounded_start_is_feasible() -> None:
     for cols, vals, rhs in model.rows:
         assert np.dot(vals, start[cols]) <= rhs + 1e-6
     assert (start[model.integer] == np.round(start[model.integer])).all()
+
+
+def test_a_solve_writes_nothing_to_stdout() -> None:
+    # HiGHS prints its banner once per process, so only a fresh one shows it.
+    script = (
+        "from scaler.cluster.job import Job\n"
+        "from scaler.cluster.snapshot import ClusterState, NodeSpec\n"
+        "from scaler.evaluation.placement_bound import ceiling\n"
+        "state = ClusterState.from_nodes([NodeSpec('n0', 8000, 64, 2, 'T4')])\n"
+        "jobs = [Job(f'p{i}', 1000, 1, 1, 600, frozenset()) for i in range(3)]\n"
+        "assert abs(ceiling(state, jobs).bound - 60.0) < 1e-6\n"
+    )
+    done = subprocess.run(
+        [sys.executable, "-c", script], capture_output=True, text=True, check=True, timeout=120
+    )
+    assert done.stdout == ""

@@ -48,6 +48,7 @@ from concurrent.futures import ProcessPoolExecutor, as_completed
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
+import highspy
 import numpy as np
 
 from scaler.cluster.job import WHOLE_GPU_MILLI, Job
@@ -64,8 +65,18 @@ from scaler.evaluation.arrival_cuts import (
 from scaler.evaluation.placement_bench import INFLATION_RATIO, arrival_order, jobs_from_pods
 
 if TYPE_CHECKING:
-    import highspy
     import pandas as pd
+
+
+class _QuietHighs(highspy.Highs):
+    """A solver that never writes to stdout. `highspy.Highs()` prints its banner from
+    `enableCallbacks`, which its constructor calls, before any option can be set; a
+    banner in the middle of `bench placement --bound`'s table is noise to its users."""
+
+    def enableCallbacks(self) -> object:
+        self.setOptionValue("output_flag", False)
+        return super().enableCallbacks()
+
 
 TIME_LIMIT_S = 60.0
 # Above this many maximal share patterns the per-GPU packing is relaxed to capacity.
@@ -435,8 +446,6 @@ class _Model:
         """(incumbent, dual bound, HiGHS model status) in GPU thousandths. The LP
         relaxation is solved first and rounded down to a feasible start, so a solve cut
         short by its time limit still reports an incumbent near the bound."""
-        import highspy
-
         if not self.cost:
             return 0.0, 0.0, "empty"
         began = time.perf_counter()
@@ -462,10 +471,7 @@ class _Model:
         return best, max(bound, best), status
 
     def _highs(self, time_limit_s: float, integer: bool) -> highspy.Highs:
-        import highspy
-
-        h = highspy.Highs()
-        h.setOptionValue("output_flag", False)
+        h = _QuietHighs()
         h.setOptionValue("time_limit", float(time_limit_s))
         h.setOptionValue("mip_rel_gap", MIP_REL_GAP)
         h.setOptionValue("threads", 1)
