@@ -151,7 +151,7 @@ class JobSimResult:
     queue: Order = DEFAULT_QUEUE
     placeholders_preempted: int = 0
     job_ids: tuple[str, ...] = ()  # of the scored jobs, in the order of `waits`
-    knob: float | None = None  # headroom: spare nodes per pool; predictive: target shortage
+    knob: float | None = None  # headroom: spare nodes per pool; predictive: job_wait_share
     default: bool = False  # the predictive run at the product's setting
     seconds: float = 0.0  # wall time of the run
 
