@@ -399,6 +399,20 @@ def test_policy_rejects_a_median_above_the_base_quantile() -> None:
         PlannerPolicy(median_quantile=0.99, base_quantile=0.9)
 
 
+def test_a_policy_at_another_knob_keeps_the_rest_and_is_validated() -> None:
+    base = PlannerPolicy(
+        step_seconds=300,
+        static_sizes={"a100": 2},
+        schedule=(ScheduledSize(start=time(8), pool="a100", size=4),),
+    )
+    swept = base.with_knob(target_shortage=0.01, job_wait_share=0.5)
+    assert (swept.target_shortage, swept.job_wait_share) == (0.01, 0.5)
+    assert swept.model_copy(update={"target_shortage": 0.001, "job_wait_share": 0.2}) == base
+    for bad in ({"target_shortage": 1.0}, {"job_wait_share": 0.0}):
+        with pytest.raises(ValueError, match=next(iter(bad))):
+            base.with_knob(**bad)
+
+
 def test_pool_config_errors_name_the_field(tmp_path: Path) -> None:
     good = {
         "name": "a",

@@ -603,6 +603,42 @@ def test_bench_scaling_takes_knobs_or_one_target_shortage_not_both() -> None:
     assert "not both" in result.output
 
 
+@pytest.mark.parametrize(
+    ("args", "option"),
+    [
+        (
+            ["bench", "scaling", "--trace", "series:x.csv", "--target-shortage", "0"],
+            "--target-shortage",
+        ),
+        (["bench", "scaling", "--trace", "series:x.csv", "--knob", "1.5"], "--knob"),
+        (
+            ["plan", "--pools", "p.yaml", "--trace", "series:x.csv", "--target-shortage", "1"],
+            "--target-shortage",
+        ),
+        (["simulate", "--trace", "series:x.csv", "--knob", "1", "--out", "OUT"], "--knob"),
+        (
+            ["simulate", "--trace", "series:x.csv", "--target-shortage", "-0.1", "--out", "OUT"],
+            "--target-shortage",
+        ),
+        (["simulate", "--synthetic", "--frontier", "--knob", "0", "--out", "OUT"], "--knob"),
+        (["simulate", "--synthetic", "--wait-share", "1.5", "--out", "OUT"], "--wait-share"),
+    ],
+)
+def test_a_knob_outside_its_range_is_refused_by_name(
+    args: list[str], option: str, tmp_path: Path
+) -> None:
+    from typer.testing import CliRunner
+
+    from scaler.cli import app
+
+    out = str(tmp_path / "out")  # nothing may be written, but never into the checkout
+    result = CliRunner().invoke(app, [out if a == "OUT" else a for a in args])
+    assert result.exit_code == 2, result.output
+    assert option in result.output and "not a share" in result.output
+    assert result.exception is None or isinstance(result.exception, SystemExit)
+    assert not Path(out).exists()
+
+
 def test_gpuscale_simulate_draws_the_fleet_and_the_frontier(
     traces_dir: Path, tmp_path: Path
 ) -> None:

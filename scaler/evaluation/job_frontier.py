@@ -85,7 +85,7 @@ class _Stream:
 def _simulate(stream: _Stream, run: JobRun) -> JobSimResult:
     policy = stream.policy
     if run.mode == "predictive" and run.knob is not None:
-        policy = policy.model_copy(update={"job_wait_share": run.knob})
+        policy = policy.with_knob(job_wait_share=run.knob)
     result = simulate_jobs(
         stream.jobs,
         stream.pools,

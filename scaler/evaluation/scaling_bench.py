@@ -81,7 +81,7 @@ class BenchSettings:
         """One planner policy per `predictive` row."""
         if not self.knobs:
             return [self.policy]
-        return [self.policy.model_copy(update={"target_shortage": k}) for k in self.knobs]
+        return [self.policy.with_knob(target_shortage=k) for k in self.knobs]
 
 
 def units_per_node(trace: DemandTrace, gpus_per_node: int | None) -> int:

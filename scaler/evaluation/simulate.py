@@ -60,7 +60,7 @@ def simulate_trace(
     knob_values = sorted(set(knobs or [0.001, 0.003, 0.01, 0.03, 0.1]))
     # on stderr: stdout carries the table or the --json document
     for knob in track(knob_values, description="knob", console=Console(stderr=True)):
-        frontier[knob] = planner_run(item, lag, policy.model_copy(update={"target_shortage": knob}))
+        frontier[knob] = planner_run(item, lag, policy.with_knob(target_shortage=knob))
     pictures = [
         fleet_plot([*baselines, ours], out / "fleet.png"),
         frontier_plot(frontier, [*baselines, *sweeps], out / "frontier.png"),

@@ -151,6 +151,12 @@ class PlannerPolicy(BaseModel):
             raise ValueError("median_quantile must lie below base_quantile")
         return self
 
+    def with_knob(self, **knob: float) -> PlannerPolicy:
+        """This policy at another setting of a knob (`target_shortage`, `job_wait_share`),
+        validated as a new policy would be: a sweep's value out of range fails here, where
+        `model_copy` would carry it into the planner unchecked."""
+        return type(self).model_validate({**self.model_dump(), **knob})
+
 
 @dataclass(frozen=True, slots=True)
 class DemandOutlook:
