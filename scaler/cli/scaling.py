@@ -123,8 +123,8 @@ def bench_scaling(
         raise typer.BadParameter("must be predictive or hybrid", param_hint="--mode")
     if knobs and target_shortage is not None:
         raise typer.BadParameter("give --knob or --target-shortage, not both", param_hint="--knob")
-    _shares(knobs, "--knob")
-    _shares([target_shortage], "--target-shortage")
+    _shares(knobs, "--knob", "target_shortage")
+    _shares([target_shortage], "--target-shortage", "target_shortage")
     lag_list = tuple(sorted(set(lags or [0, 1])))
     if any(lag < 0 for lag in lag_list):
         raise typer.BadParameter("lags are >= 0", param_hint="--lag")
@@ -356,7 +356,7 @@ def plan_command(
 
     if (forecast_file is None) == (trace is None):
         raise InputError("give exactly one of --forecast and --trace")
-    _shares([target_shortage], "--target-shortage")
+    _shares([target_shortage], "--target-shortage", "target_shortage")
     pools = load_pools(pools_file)
     policy = _load_policy(policy_file, mode, target_shortage)
     lead = max(p.boot_steps(policy.step_seconds) for p in pools)
@@ -413,15 +413,24 @@ def plan_command(
         )
 
 
-def _shares(values: Sequence[float | None] | None, option: str, *, whole: bool = False) -> None:
-    """Knob values from the command line, each a share in (0, 1), or (0, 1] where `whole`
-    (a wait share may be a whole boot): else an error naming the option, where the
+def _shares(values: Sequence[float | None] | None, option: str, field: str) -> None:
+    """Knob values from the command line, each held to the bounds of the policy's `field`
+    (`target_shortage`, `job_wait_share`): else an error naming the option, where the
     policy's own validation would name only its field."""
+    from pydantic import ValidationError
+
+    from scaler.planning.planner import PlannerPolicy
+
     for value in values or ():
-        if value is not None and not (0 < value < 1 or (whole and value == 1)):
+        if value is None:
+            continue
+        try:
+            PlannerPolicy.model_validate({field: value})
+        except ValidationError as e:
+            reason = e.errors()[0]["msg"].lower()
             raise typer.BadParameter(
-                f"{value:g} is not a share in (0, 1{']' if whole else ')'}", param_hint=option
-            )
+                f"{value:g} is not a share: {reason}", param_hint=option
+            ) from None
 
 
 def _load_policy(
@@ -636,9 +645,9 @@ def simulate(
         )
     if not synthetic and wait_share is not None:
         raise typer.BadParameter("is --synthetic's knob", param_hint="--wait-share")
-    _shares([target_shortage], "--target-shortage")
-    _shares([wait_share], "--wait-share", whole=True)
-    _shares(knobs, "--knob", whole=synthetic)
+    _shares([target_shortage], "--target-shortage", "target_shortage")
+    _shares([wait_share], "--wait-share", "job_wait_share")
+    _shares(knobs, "--knob", "job_wait_share" if synthetic else "target_shortage")
     from scaler.evaluation.simulate import simulate_jobs, simulate_trace
 
     policy = _load_policy(None, mode, target_shortage, wait_share)
