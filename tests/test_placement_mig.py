@@ -110,12 +110,27 @@ def test_a_layout_from_counts_is_the_operators_even_split_and_bad_layouts_are_na
         ("0=4g.40gb,4g.40gb", "does not fit one GPU"),
         ("x=1g.10gb", "is not GPU=profile"),
         ("0=5g.50gb", "has no '5g.50gb'"),
+        ("64=1g.10gb", "a node holds at most 64"),
     ):
         with pytest.raises(ValueError, match=wanted):
             parse_layout(text, "80GB")
     assert family_of(["1g.10gb"], memory_mib=40960) == "A100-40GB"
     assert family_of(["3g.71gb"]) == "H200-141GB"
     assert largest_placeable("80GB", 1 << 6) == "4g.40gb"
+
+
+def test_a_node_is_at_most_64_gpus_and_its_layout_is_searched_within_them() -> None:
+    """Counts are what a node (or anyone calling the extender) says: the layout search is
+    bounded by the largest node, and a full one is found, not searched for minutes."""
+    full = layout_from_counts({"1g.10gb": 7 * 64}, "80GB")
+    assert len(full.gpus) == 64 and len(full.instances) == 448
+    with pytest.raises(ValueError, match="do not fit the 64 GPUs a node holds at most"):
+        layout_from_counts({"1g.10gb": 7 * 64 + 1}, "80GB")
+    with pytest.raises(ValueError, match="a node holds at most 64 GPUs and 512 instances"):
+        layout_from_counts({"1g.10gb": 10**9}, "80GB")
+    assert pack("80GB", ["1g.10gb"] * 8) is None  # one too many for a GPU: no search needed
+    with pytest.raises(ValueError, match="node big: 65 GPUs; a node holds 0 to 64"):
+        NodeSpec(name="big", cpu_milli=1, memory_mib=1, gpus=65)
 
 
 # ---- placing MIG jobs -----------------------------------------------------------------------
@@ -366,7 +381,8 @@ def test_mig_jobs_through_the_service_api(mig_service: TestClient) -> None:
     whole = client.post("/v1/placements", json={"id": "w", "num_gpu": 4}, headers=AUTH).json()
     assert whole["gpus"] in ([0, 1, 2, 3],) and whole["mig_instances"] == []
     released = client.delete("/v1/placements/a", headers=AUTH)
-    assert released.status_code == 200 and released.json()["gpus"] == [1]
+    # The GPUs the placement named (its instances' GPU), not the instances' indices.
+    assert released.status_code == 200 and released.json()["gpus"] == body["gpus"] == [4]
     again = client.post("/v1/placements", json=ask | {"id": "c"}, headers=AUTH)
     assert again.status_code == 201
     for bad, field in (

@@ -230,6 +230,13 @@ def test_the_providers_nodes_are_their_pools_template_labelled_alike(tmp_path: P
         ({"id": "j", "mode": "scatter"}, "mode"),
         ({"id": "j", "colour": "red"}, "colour"),
         ({"id": "", "num_gpu": 1}, "id"),
+        # A pod's id (namespace/name): the extender's bind of that pod would take it over.
+        ({"id": "ml/train", "num_gpu": 1}, "id"),
+        # Strict types: a client's mistake is not read as 1 GPU or as "may preempt".
+        ({"id": "j", "num_gpu": True}, "num_gpu"),
+        ({"id": "j", "preempt": "yes"}, "preempt"),
+        ({"id": "j", "tolerations": ["garbage"]}, "tolerations"),
+        ({"id": "j", "num_gpu": 65}, "num_gpu"),
     ],
 )
 def test_invalid_placements_get_422_naming_the_field(

@@ -69,7 +69,7 @@ class Ask:
 
     def request(self) -> dict[str, Any]:
         body: dict[str, Any] = {
-            "id": self.id,
+            "id": self.name,  # the API's ids have no namespace: those are the pods'
             "cpu_milli": self.cpu_milli,
             "memory_mib": self.memory_mib,
             "num_gpu": self.gpus,

@@ -35,9 +35,11 @@ from __future__ import annotations
 import re
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
-from functools import cache
+from functools import cache, lru_cache
 
 import numpy as np
+
+from scaler.cluster.limits import MAX_NODE_GPUS
 
 SLICES = 8  # memory slices of a MIG GPU: placements are given in them
 MIG_RESOURCE_PREFIX = "nvidia.com/mig-"
@@ -134,21 +136,36 @@ def mask_of(profile: MigProfile, start: int) -> int:
 def pack(family: str, names: Sequence[str], taken: int = 0) -> tuple[int, ...] | None:
     """Starts for instances `names` on one GPU whose slices `taken` (bits) are used (in
     the given order), or None when they cannot all be placed. Largest first, each at the
-    lowest start that leaves the rest a placement (a search over at most 7 instances and
-    8 slices)."""
+    lowest start that leaves the rest a placement."""
+    table = profiles(family)
+    if sum(table[n].size for n in names) + taken.bit_count() > SLICES:
+        return None
+    return _pack(family, tuple(names), taken)
+
+
+# Dealing a node's instances over its GPUs asks the same GPUs' questions again and again.
+@lru_cache(maxsize=4096)
+def _pack(family: str, names: tuple[str, ...], taken: int) -> tuple[int, ...] | None:
     table = profiles(family)
     order = sorted(range(len(names)), key=lambda i: (-table[names[i]].size, i))
     starts = [0] * len(names)
+    # The order is fixed, so whether instances k.. fit depends on `used` alone: a state
+    # that failed once fails again (without this, 8 small instances, one too many for a
+    # GPU, tried every arrangement of the first 7).
+    failed: set[tuple[int, int]] = set()
 
     def place(k: int, used: int) -> bool:
         if k == len(order):
             return True
+        if (k, used) in failed:
+            return False
         profile = table[names[order[k]]]
         for start in profile.starts:
             bits = mask_of(profile, start)
             if not used & bits and place(k + 1, used | bits):
                 starts[order[k]] = start
                 return True
+        failed.add((k, used))
         return False
 
     return tuple(starts) if place(0, taken) else None
@@ -221,6 +238,8 @@ def parse_layout(text: str, family: str) -> MigLayout:
         if not sep or not gpu_text.strip().isdigit():
             raise ValueError(f"MIG layout part {part!r} is not GPU=profile[@start],...")
         gpu = int(gpu_text)
+        if gpu >= MAX_NODE_GPUS:
+            raise ValueError(f"MIG layout names GPU {gpu}: a node holds at most {MAX_NODE_GPUS}")
         if gpu in seen:
             raise ValueError(f"MIG layout names GPU {gpu} twice")
         seen.add(gpu)
@@ -279,13 +298,20 @@ def layout_from_counts(
     unknown = sorted(set(counts) - set(table))
     if unknown:
         raise ValueError(f"family {family} has no MIG profile {', '.join(unknown)}")
+    listed = ", ".join(f"{n}: {c}" for n, c in counts.items())
+    most = MAX_NODE_GPUS * SLICES  # no GPU holds more instances than memory slices
+    if sum(counts.values()) > most or (gpus or 0) > MAX_NODE_GPUS:
+        raise ValueError(
+            f"MIG instances ({listed}) on {gpus or 'any number of'} GPU(s): a node holds at"
+            f" most {MAX_NODE_GPUS} GPUs and {most} instances"
+        )
     wanted = [
         name for name in sorted(counts, key=lambda n: -table[n].size) for _ in range(counts[name])
     ]
     if not wanted:
         return MigLayout(family, ())
     least = max(1, -(-sum(table[n].size for n in wanted) // SLICES))
-    for count in [gpus] if gpus else range(least, len(wanted) + 1):
+    for count in [gpus] if gpus else range(least, min(len(wanted), MAX_NODE_GPUS) + 1):
         per_gpu = _even(family, counts, count) or _deal(family, wanted, count)
         if per_gpu is not None:
             instances = [
@@ -294,8 +320,8 @@ def layout_from_counts(
                 for n, s in zip(names, pack(family, names) or (), strict=True)
             ]
             return MigLayout.of(family, instances)
-    listed = ", ".join(f"{n}: {c}" for n, c in counts.items())
-    raise ValueError(f"MIG instances ({listed}) do not fit {gpus} GPU(s) of family {family}")
+    room = f"{gpus} GPU(s)" if gpus else f"the {MAX_NODE_GPUS} GPUs a node holds at most"
+    raise ValueError(f"MIG instances ({listed}) do not fit {room} of family {family}")
 
 
 def _even(family: str, counts: Mapping[str, int], gpus: int) -> list[list[str]] | None:

@@ -103,9 +103,12 @@ def explain(state: ClusterState, job: Job) -> str:
     """Which constraint left no node, as counts narrowing down from all nodes."""
     steps: list[tuple[str, np.ndarray]] = [
         ("admit it (selector, taints, spread, cordon)", admits(state, job)),
-        (f"have {job.cpu_milli}m CPU free", state.cpu_free >= job.cpu_milli),
-        (f"have {job.memory_mib} MiB memory free", state.mem_free >= job.memory_mib),
     ]
+    # What the job does not ask narrows nothing; "8 have 0m CPU free" read as 8 full nodes.
+    if job.cpu_milli:
+        steps.append((f"have {job.cpu_milli}m CPU free", state.cpu_free >= job.cpu_milli))
+    if job.memory_mib:
+        steps.append((f"have {job.memory_mib} MiB memory free", state.mem_free >= job.memory_mib))
     if job.mig_profile is not None:
         need = f"have {job.mig_count} free MIG {job.mig_profile} instance(s)"
         steps.append((need, mig_room(state, job)))

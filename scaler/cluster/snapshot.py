@@ -24,6 +24,7 @@ import numpy as np
 
 from predictor.telemetry.kube_objects import mig_gpus
 from scaler.cluster.job import WHOLE_GPU_MILLI, Job
+from scaler.cluster.limits import MAX_NODE_GPUS
 from scaler.cluster.mig import MigLayout
 
 if TYPE_CHECKING:
@@ -53,6 +54,12 @@ class NodeSpec:
     mig: MigLayout | None = None
     gpu_domains: tuple[tuple[int, ...], ...] = ()
     rack: str | None = None
+
+    def __post_init__(self) -> None:
+        if not 0 <= self.gpus <= MAX_NODE_GPUS:
+            raise ValueError(
+                f"node {self.name}: {self.gpus} GPUs; a node holds 0 to {MAX_NODE_GPUS}"
+            )
 
     def label(self, key: str) -> str | None:
         return dict(self.labels).get(key)

@@ -22,6 +22,7 @@ from __future__ import annotations
 from collections.abc import Iterable
 from typing import Any
 
+from predictor.foundation.errors import InputError
 from predictor.telemetry.kube_objects import (
     KUBE_NAMES,
     KubeNames,
@@ -155,13 +156,17 @@ def job_of(pod: PodRequest, names: KubeNames, taints: Iterable[Any] = ()) -> Job
 
 def pod_job(pod: Any, names: KubeNames = KUBE_NAMES, taints: Iterable[Any] = ()) -> Job:
     """The job a pod (JSON form, or a pydantic model of it) is; a GPU-share annotation
-    that is no share is refused (ValueError), so whoever asked can be told."""
+    that is no share, or MIG instances of several profiles, are refused (InputError naming
+    the annotation or the resources), so whoever asked can be told."""
     request = read_pod(pod, names)
     if request.share_problem is not None:
-        raise ValueError(request.share_problem)
+        raise InputError(request.share_problem, column=names.gpu_milli_annotation)
     if len(request.mig) > 1:
         asked = ", ".join(f"{names.mig_resource_prefix}{p}: {c}" for p, c in request.mig)
-        raise ValueError(f"the pod asks MIG instances of several profiles ({asked}): one only")
+        raise InputError(
+            f"the pod asks MIG instances of several profiles ({asked}): one only",
+            column=f"{names.mig_resource_prefix}*",
+        )
     return job_of(request, names, taints)
 
 

@@ -89,7 +89,8 @@ def create_app(config: LiveConfig, system: LiveSystem | None = None) -> FastAPI:
     @app.exception_handler(InputError)
     async def bad_input(request: Request, exc: InputError) -> JSONResponse:
         loc = ["body", exc.column] if exc.column else ["body"]
-        return JSONResponse({"detail": [{"loc": loc, "msg": exc.reason}]}, status_code=422)
+        detail = [{"type": "value_error", "loc": loc, "msg": exc.reason}]
+        return JSONResponse({"detail": detail}, status_code=422)
 
     @app.exception_handler(KubeError)
     @app.exception_handler(ProviderError)

@@ -146,7 +146,11 @@ class LiveCluster:
                 return None
             if state is not None and job_id in state.jobs:
                 allocation = state.release(job_id)
-                return Bound(bound.job, bound.node, allocation.gpus)
+                gpus = allocation.gpus
+                if allocation.job.mig_profile is not None:  # instance indices: their GPUs
+                    layout = state.mig[allocation.node]
+                    gpus = tuple(sorted({layout.instances[k].gpu for k in gpus}))
+                return Bound(bound.job, bound.node, gpus)
             return bound
 
     def record_bind(self, job: Job, placement: Placement) -> None:
@@ -240,9 +244,12 @@ class LiveCluster:
         self._synced_at = now
         for job_id in observed:
             self._placed.pop(job_id, None)  # the pod now says where it runs
+        forgotten = bool(self._learned)
         self._learned.clear()  # the listing is newer than what the scheduler sent
-        if (specs, observed, draining) != (self._specs, self._observed, self._draining) or (
-            self._state is None
+        if (
+            forgotten
+            or self._state is None
+            or ((specs, observed, draining) != (self._specs, self._observed, self._draining))
         ):
             self._specs, self._observed, self._draining = specs, observed, draining
             self._rebuild()

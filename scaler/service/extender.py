@@ -50,7 +50,10 @@ class Extender:
     def _job_and_candidates(self, args: ExtenderArgs) -> tuple[Job, list[str]]:
         cluster = self.cluster
         if args.Nodes is not None:
-            cluster.upsert_nodes(args.Nodes.items)
+            try:
+                cluster.upsert_nodes(args.Nodes.items)
+            except ValueError as exc:  # a node the model cannot take (its MIG layout, size)
+                raise InputError(str(exc), column="Nodes") from None
             candidates = [n.metadata.name for n in args.Nodes.items]
             taints = {taint_text(t) for n in args.Nodes.items for t in n.spec.taints}
         else:
@@ -59,10 +62,7 @@ class Extender:
             specs = [] if state is None else state.taints
             taints = {t for node_taints in specs for t in node_taints}
         cluster.remember_pod(args.Pod)
-        try:
-            job = pod_job(args.Pod, cluster.names, [parse_taint(t) for t in sorted(taints)])
-        except ValueError as exc:
-            raise InputError(str(exc), column=cluster.names.gpu_milli_annotation) from None
+        job = pod_job(args.Pod, cluster.names, [parse_taint(t) for t in sorted(taints)])
         return job, candidates
 
     def filter(self, args: ExtenderArgs) -> ExtenderFilterResult:
@@ -119,10 +119,13 @@ class Extender:
             taints = [parse_taint(t) for t in sorted({t for ts in state.taints for t in ts})]
             try:
                 job = pod_job(pod, cluster.names, taints)
-            except ValueError as exc:  # a bad GPU-share annotation: the scheduler is told
-                return ExtenderBindingResult(Error=f"pod {args.PodNamespace}/{args.PodName}: {exc}")
-            if job.id in state.jobs:
-                state.release(job.id)  # a bind the scheduler retries
+            except InputError as exc:  # a bad GPU-share annotation: the scheduler is told
+                where = f"pod {args.PodNamespace}/{args.PodName}"
+                return ExtenderBindingResult(Error=f"{where}: {exc.reason}")
+            # A bind the scheduler retries: decided afresh, but what the first one holds is
+            # given back if the retry cannot be placed (else its GPUs would read as free and
+            # a rebuild would hand them back to it over whoever took them meanwhile).
+            held = state.release(job.id) if job.id in state.jobs else None
             steer = self._steer(pod, job, None)
             planned = (
                 None
@@ -131,6 +134,8 @@ class Extender:
             )
             decided = planned or place_on(state, job, cluster.policy, args.Node)
             if not isinstance(decided, Placement):
+                if held is not None:
+                    state.bind(held.job, held.node, held.gpus, held.since_s)
                 return ExtenderBindingResult(Error=f"cannot bind to {args.Node}: {decided.reason}")
             cluster.record_bind(job, decided)
         if cluster.system.kube is not None:

@@ -25,7 +25,7 @@ class ServiceMetrics:
         )
         self.placements = Counter(
             "gpuscale_service_placements",
-            "Placement answers by outcome (placed, unschedulable)",
+            "Placement answers by outcome (placed, dry_run, unschedulable)",
             ["outcome"],
             registry=r,
         )

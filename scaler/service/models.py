@@ -26,10 +26,13 @@ from pydantic import (
     model_validator,
 )
 
+from scaler.cluster.limits import MAX_NODE_GPUS
 from scaler.cluster.mig import MigInstance, profile_problem
 from scaler.placement import Job, Placement
 
 MAX_NAME = 253
+# A taint as `key[=value]:Effect`, the form `Job.tolerations` matches node taints in.
+TAINT_TEXT = r"^[^=:]+(=[^:]*)?:(NoSchedule|PreferNoSchedule|NoExecute)$"
 MAX_QUANTITY = 2**53  # far above any node; keeps every sum within int64
 
 
@@ -46,6 +49,19 @@ def _quantity(value: str | int | float) -> str | int | float:
 
 
 Quantity = Annotated[str | int | float, AfterValidator(_quantity)]
+
+
+def _whole_extended(resources: dict[str, Any]) -> dict[str, Any]:
+    """Kubernetes' rule for extended resources (`nvidia.com/gpu`, any name in a domain of
+    its own outside kubernetes.io): whole numbers only. `500m` GPUs would read as none."""
+    for name, value in resources.items():
+        domain, slash, _ = name.partition("/")
+        if slash and not domain.endswith("kubernetes.io") and parse_quantity(value) % 1:
+            raise ValueError(f"{name} is an extended resource: a whole number, not {value!r}")
+    return resources
+
+
+Resources = Annotated[dict[str, Quantity], AfterValidator(_whole_extended)]
 Name = Annotated[str, Field(min_length=1, max_length=MAX_NAME)]
 
 
@@ -60,19 +76,24 @@ def _go(name: str) -> Any:
 class JobRequest(BaseModel):
     """One job (a pod, say) to place: what it asks of a node."""
 
-    model_config = ConfigDict(extra="forbid")
+    # Strict: `"num_gpu": true` or `"preempt": "yes"` is a client's mistake, not 1 or True.
+    model_config = ConfigDict(extra="forbid", strict=True)
 
-    id: Name
+    id: Name = Field(
+        pattern=r"^[^/]+$",
+        description="the job's name; no '/': pods bound through the extender are"
+        " namespace/name, and one id must never name both",
+    )
     cpu_milli: int = Field(default=0, ge=0, le=10**9)
     memory_mib: int = Field(default=0, ge=0, le=10**10)
-    num_gpu: int = Field(default=0, ge=0, le=64)
+    num_gpu: int = Field(default=0, ge=0, le=MAX_NODE_GPUS)
     gpu_milli: int | None = Field(
         default=None, ge=1, le=1000, description="share of one GPU (thousandths); none: whole"
     )
     gpu_models: list[Annotated[str, Field(min_length=1)]] = Field(default=[], max_length=64)
     priority: int = Field(default=0, ge=-(2**31), le=2**31 - 1)
     node_selector: dict[str, str] = Field(default={}, max_length=64)
-    tolerations: list[str] = Field(
+    tolerations: list[Annotated[str, Field(pattern=TAINT_TEXT)]] = Field(
         default=[], max_length=64, description="taints tolerated, as key=value:Effect"
     )
     mode: Literal["pack", "spread"] = "pack"
@@ -272,8 +293,8 @@ class ObjectMeta(_Kube):
 
 
 class ResourceRequirements(_Kube):
-    requests: dict[str, Quantity] = {}
-    limits: dict[str, Quantity] = {}
+    requests: Resources = {}
+    limits: Resources = {}
 
 
 class Container(_Kube):
@@ -288,12 +309,27 @@ class Toleration(_Kube):
     effect: Literal["NoSchedule", "PreferNoSchedule", "NoExecute", ""] | None = None
 
 
+class PreferredSchedulingTerm(_Kube):
+    weight: int = Field(ge=1, le=100)
+
+
+class NodeAffinity(_Kube):
+    preferredDuringSchedulingIgnoredDuringExecution: list[PreferredSchedulingTerm] = Field(
+        default=[], max_length=256
+    )
+
+
+class Affinity(_Kube):
+    nodeAffinity: NodeAffinity | None = None
+
+
 class PodSpec(_Kube):
     containers: list[Container] = Field(default=[], max_length=256)
     initContainers: list[Container] = Field(default=[], max_length=256)
     nodeSelector: dict[str, str] = {}
     tolerations: list[Toleration] = Field(default=[], max_length=256)
-    priority: int | None = None
+    affinity: Affinity | None = None  # the preferred pool is read from its weights
+    priority: int | None = Field(default=None, ge=-(2**31), le=2**31 - 1)
     nodeName: str | None = None
 
 
@@ -320,8 +356,8 @@ class KubeNodeSpec(_Kube):
 
 
 class KubeNodeStatus(_Kube):
-    allocatable: dict[str, Quantity] = {}
-    capacity: dict[str, Quantity] = {}
+    allocatable: Resources = {}
+    capacity: Resources = {}
 
 
 class KubeNode(_Kube):
@@ -332,6 +368,15 @@ class KubeNode(_Kube):
 
 class KubeNodeList(_Kube):
     items: list[KubeNode] = Field(default=[], max_length=20_000)
+
+    @field_validator("items")
+    @classmethod
+    def _unique(cls, items: list[KubeNode]) -> list[KubeNode]:
+        names = [n.metadata.name for n in items]
+        if len(set(names)) != len(names):
+            twice = sorted({n for n in names if names.count(n) > 1})
+            raise ValueError(f"node names must be unique; listed more than once: {twice[:5]}")
+        return items
 
 
 class ExtenderArgs(BaseModel):

@@ -38,7 +38,10 @@ async def create_placement(request: JobRequest, ctx: Context) -> PlacementRespon
         ctx.cluster,
         lambda: ctx.cluster.place(job, allow_preemption=request.preempt, dry_run=request.dry_run),
     )
-    outcome = "placed" if isinstance(decided, Placement) else "unschedulable"
+    if not isinstance(decided, Placement):
+        outcome = "unschedulable"
+    else:
+        outcome = "dry_run" if request.dry_run else "placed"  # only commits count as placed
     ctx.metrics.placements.labels(outcome).inc()
     if not isinstance(decided, Placement):
         detail = Unplaceable(job_id=decided.job_id, reason=decided.reason).model_dump()
