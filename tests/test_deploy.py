@@ -296,6 +296,21 @@ def test_workloads_run_the_cli_hardened(docs: list[dict[str, Any]]) -> None:
     assert node["automountServiceAccountToken"] is False
 
 
+def test_scaler_apply_false_runs_the_loop_as_a_dry_run() -> None:
+    """A shadow rollout: the same loop and metrics, without --apply (nothing changed)."""
+
+    def scaler_args(values: dict[str, Any]) -> list[str]:
+        workload = by_kind(manifests(values), "Deployment")["gpuscale-scaler"]
+        return workload["spec"]["template"]["spec"]["containers"][0]["args"]
+
+    acting, shadow = scaler_args({}), scaler_args({"scaler": {"apply": False}})
+    assert "--apply" in acting and "--apply" not in shadow
+    assert [a for a in acting if a != "--apply"] == shadow
+    assert shadow[:3] == ["scale", "--config", "/etc/gpuscale/live.yaml"]
+    with pytest.raises(helm.HelmValuesError, match="/scaler/apply"):
+        render({"scaler": {"apply": "no"}})
+
+
 def test_defrag_runs_only_where_enabled_with_its_section_in_the_config(tmp_path: Path) -> None:
     from scaler.cli import app
 
