@@ -90,6 +90,12 @@ def by_kind(docs: list[dict[str, Any]], kind: str) -> dict[str, dict[str, Any]]:
     return {d["metadata"]["name"]: d for d in docs if d["kind"] == kind}
 
 
+def workloads(docs: list[dict[str, Any]]) -> dict[str, dict[str, Any]]:
+    """Every object that runs pods, by name."""
+    kinds = ("Deployment", "StatefulSet", "DaemonSet")
+    return {name: w for kind in kinds for name, w in by_kind(docs, kind).items()}
+
+
 @dataclass(frozen=True)
 class Setup:
     """One way a team runs gpuscale (a section of deploy/README.md): the values it sets and
@@ -167,7 +173,8 @@ def test_chart_renders_to_valid_kubernetes_objects(setup: str) -> None:
 
     docs = setup_docs(setup)
     kinds = {d["kind"] for d in docs}
-    assert {"DaemonSet", "Deployment", "ServiceMonitor", "Secret", "ConfigMap"} <= kinds
+    assert {"DaemonSet", "Deployment", "StatefulSet", "ServiceMonitor", "Secret"} <= kinds
+    assert "ConfigMap" in kinds
     for doc in docs:
         if doc["apiVersion"].startswith("monitoring.coreos.com/"):
             continue  # a CRD: no schema in the Kubernetes API; checked below
@@ -183,10 +190,9 @@ def test_chart_renders_to_valid_kubernetes_objects(setup: str) -> None:
 
 def test_services_select_their_pods(docs: list[dict[str, Any]]) -> None:
     pods = {
-        name: w["spec"]["template"]["metadata"]["labels"]
-        for name, w in (by_kind(docs, "Deployment") | by_kind(docs, "DaemonSet")).items()
+        name: w["spec"]["template"]["metadata"]["labels"] for name, w in workloads(docs).items()
     }
-    for name, workload in (by_kind(docs, "Deployment") | by_kind(docs, "DaemonSet")).items():
+    for name, workload in workloads(docs).items():
         assert workload["spec"]["selector"]["matchLabels"].items() <= pods[name].items()
     for service in by_kind(docs, "Service").values():
         chosen = [
@@ -224,7 +230,7 @@ def test_custom_resource_rules_only_for_the_setup_using_them() -> None:
 def test_validator_rejects_a_broken_manifest(docs: list[dict[str, Any]]) -> None:
     import kubernetes_validate
 
-    broken = by_kind(docs, "Deployment")["gpuscale-scaler"]
+    broken = by_kind(docs, "StatefulSet")["gpuscale-scaler"]
     broken["spec"]["replicas"] = "two"
     with pytest.raises(kubernetes_validate.ValidationError):
         kubernetes_validate.validate(broken, KUBE_VERSION, strict=True)
@@ -274,9 +280,9 @@ def test_workloads_run_the_cli_hardened(docs: list[dict[str, Any]]) -> None:
     from scaler.cli import app
 
     commands = {c.name for c in app.registered_commands}
-    workloads = by_kind(docs, "Deployment") | by_kind(docs, "DaemonSet")
-    assert set(workloads) == {"gpuscale-scaler", "gpuscale-service", "gpuscale-collector"}
-    for workload in workloads.values():
+    running = workloads(docs)
+    assert set(running) == {"gpuscale-scaler", "gpuscale-service", "gpuscale-collector"}
+    for workload in running.values():
         pod = workload["spec"]["template"]["spec"]
         assert pod["securityContext"]["runAsNonRoot"] is True
         for container in pod["containers"]:
@@ -284,14 +290,14 @@ def test_workloads_run_the_cli_hardened(docs: list[dict[str, Any]]) -> None:
             hardened = container["securityContext"]
             assert hardened["allowPrivilegeEscalation"] is False
             assert hardened["readOnlyRootFilesystem"] is True
-    assert workloads["gpuscale-scaler"]["spec"]["replicas"] == 2
-    scaler = workloads["gpuscale-scaler"]["spec"]["template"]["spec"]["containers"][0]
+    assert running["gpuscale-scaler"]["spec"]["replicas"] == 2
+    scaler = running["gpuscale-scaler"]["spec"]["template"]["spec"]["containers"][0]
     assert "--apply" in scaler["args"] and "--metrics-port" in scaler["args"]
     env = {e["name"]: e for e in scaler["env"]}
     assert env["GPUSCALE_LEASE__IDENTITY"]["valueFrom"]["fieldRef"]["fieldPath"] == (
         "metadata.name"
     )
-    node = workloads["gpuscale-collector"]["spec"]["template"]["spec"]
+    node = running["gpuscale-collector"]["spec"]["template"]["spec"]
     assert node["nodeSelector"] == {"nvidia.com/gpu.present": "true"}
     assert node["automountServiceAccountToken"] is False
 
@@ -300,7 +306,7 @@ def test_scaler_apply_false_runs_the_loop_as_a_dry_run() -> None:
     """A shadow rollout: the same loop and metrics, without --apply (nothing changed)."""
 
     def scaler_args(values: dict[str, Any]) -> list[str]:
-        workload = by_kind(manifests(values), "Deployment")["gpuscale-scaler"]
+        workload = by_kind(manifests(values), "StatefulSet")["gpuscale-scaler"]
         return workload["spec"]["template"]["spec"]["containers"][0]["args"]
 
     acting, shadow = scaler_args({}), scaler_args({"scaler": {"apply": False}})
@@ -341,6 +347,90 @@ def test_defrag_runs_only_where_enabled_with_its_section_in_the_config(tmp_path:
     plan_only = manifests({"defrag": {"enabled": True}}, api_versions=(MONITORING,))
     container = by_kind(plan_only, "Deployment")["gpuscale-defrag"]["spec"]["template"]
     assert "--apply" not in container["spec"]["containers"][0]["args"]
+
+
+def _state_volume(workload: dict[str, Any]) -> dict[str, Any] | None:
+    pod = workload["spec"]["template"]["spec"]
+    return {v["name"]: v for v in pod["volumes"]}.get("state")
+
+
+def test_scaler_and_defrag_state_lives_on_claims_that_outlive_their_pods(tmp_path: Path) -> None:
+    docs = setup_docs("nodegroups-defrag")
+    live = live_config(docs, tmp_path)
+    scaler = by_kind(docs, "StatefulSet")["gpuscale-scaler"]
+    assert by_kind(docs, "Deployment").keys() == {"gpuscale-service", "gpuscale-defrag"}
+    # One claim per replica, from the template; none in the pod's volumes.
+    (claim,) = scaler["spec"]["volumeClaimTemplates"]
+    assert claim["metadata"]["name"] == "state"
+    assert claim["spec"] == {
+        "accessModes": ["ReadWriteOnce"],
+        "resources": {"requests": {"storage": "5Gi"}},
+    }  # no storageClassName: the cluster's default class
+    assert _state_volume(scaler) is None
+    for container in scaler["spec"]["template"]["spec"]["containers"]:  # loop and collector
+        mounts = {m["name"]: m["mountPath"] for m in container["volumeMounts"]}
+        assert mounts["state"] == str(live.state_dir)
+    governing = by_kind(docs, "Service")[scaler["spec"]["serviceName"]]
+    assert governing["spec"]["clusterIP"] == "None"
+    assert scaler["spec"]["podManagementPolicy"] == "Parallel"
+
+    defrag = by_kind(docs, "Deployment")["gpuscale-defrag"]
+    assert defrag["spec"]["strategy"] == {"type": "Recreate"}  # one pod on the claim at a time
+    assert _state_volume(defrag) == {
+        "name": "state",
+        "persistentVolumeClaim": {"claimName": "gpuscale-defrag-state"},
+    }
+    made = by_kind(docs, "PersistentVolumeClaim")["gpuscale-defrag-state"]
+    assert made["spec"]["accessModes"] == ["ReadWriteOnce"]
+    assert made["spec"]["resources"] == {"requests": {"storage": "1Gi"}}
+    # The service plans from a store of its own: no claim (see its values).
+    assert "emptyDir" in _state_volume(by_kind(docs, "Deployment")["gpuscale-service"])
+
+
+@pytest.mark.parametrize(
+    ("persistence", "class_name"), [({"storageClass": "gp3"}, "gp3"), ({"storageClass": "-"}, "")]
+)
+def test_state_claims_take_the_storage_class(persistence: dict[str, Any], class_name: str) -> None:
+    values = {"scaler": {"persistence": persistence}, "defrag": {"enabled": True}}
+    values["defrag"]["persistence"] = persistence
+    docs = manifests(values)
+    (claim,) = by_kind(docs, "StatefulSet")["gpuscale-scaler"]["spec"]["volumeClaimTemplates"]
+    assert claim["spec"]["storageClassName"] == class_name
+    made = by_kind(docs, "PersistentVolumeClaim")["gpuscale-defrag-state"]
+    assert made["spec"]["storageClassName"] == class_name
+
+
+def test_state_on_an_existing_claim_or_an_empty_dir_where_persistence_is_off() -> None:
+    import kubernetes_validate
+
+    off = {"persistence": {"enabled": False}}
+    docs = manifests({"scaler": off, "defrag": {"enabled": True} | off})
+    for doc in docs:
+        kubernetes_validate.validate(doc, KUBE_VERSION, strict=True)
+    scaler = by_kind(docs, "StatefulSet")["gpuscale-scaler"]
+    assert "volumeClaimTemplates" not in scaler["spec"]
+    assert _state_volume(scaler) == {"name": "state", "emptyDir": {}}
+    assert _state_volume(by_kind(docs, "Deployment")["gpuscale-defrag"]) == {
+        "name": "state",
+        "emptyDir": {},
+    }
+    assert by_kind(docs, "PersistentVolumeClaim") == {}
+
+    mine = {"persistence": {"existingClaim": "mine"}}
+    docs = manifests({"scaler": {"replicas": 1} | mine, "defrag": {"enabled": True} | mine})
+    for doc in docs:
+        kubernetes_validate.validate(doc, KUBE_VERSION, strict=True)
+    scaler = by_kind(docs, "StatefulSet")["gpuscale-scaler"]
+    assert "volumeClaimTemplates" not in scaler["spec"]
+    for workload in (scaler, by_kind(docs, "Deployment")["gpuscale-defrag"]):
+        assert _state_volume(workload) == {
+            "name": "state",
+            "persistentVolumeClaim": {"claimName": "mine"},
+        }
+    assert by_kind(docs, "PersistentVolumeClaim") == {}
+    # One ReadWriteOnce claim cannot hold two replicas' stores.
+    with pytest.raises(helm.HelmValuesError, match="/scaler/replicas"):
+        render({"scaler": mine})
 
 
 def test_placeholder_priority_class_matches_the_code(docs: list[dict[str, Any]]) -> None:
@@ -557,8 +647,7 @@ def test_rbac_grants_exactly_what_the_code_calls(
                 {"kind": "ServiceAccount", "name": name, "namespace": NAMESPACE}
             ]
     accounts = {
-        w["spec"]["template"]["spec"]["serviceAccountName"]
-        for w in [*by_kind(docs, "Deployment").values(), *by_kind(docs, "DaemonSet").values()]
+        w["spec"]["template"]["spec"]["serviceAccountName"] for w in workloads(docs).values()
     }
     assert name in accounts
 

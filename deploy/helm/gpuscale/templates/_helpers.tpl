@@ -54,6 +54,20 @@ app.kubernetes.io/part-of: gpuscale
 {{- include "gpuscale.componentName" (dict "ctx" . "component" "placeholder") -}}
 {{- end -}}
 
+{{/*
+A claim's spec from a persistence section: storageClass "" takes the cluster's default
+class, "-" none (a volume bound by hand).
+*/}}
+{{- define "gpuscale.claimSpec" -}}
+accessModes: {{ toYaml .accessModes | nindent 2 }}
+resources: {requests: {storage: {{ .size | quote }}}}
+{{- if eq .storageClass "-" }}
+storageClassName: ""
+{{- else if .storageClass }}
+storageClassName: {{ .storageClass | quote }}
+{{- end }}
+{{- end -}}
+
 {{- define "gpuscale.podSecurityContext" -}}
 runAsNonRoot: true
 runAsUser: 10001
