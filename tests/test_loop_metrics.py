@@ -9,12 +9,15 @@ from datetime import datetime
 from pathlib import Path
 
 import pandas as pd
+from fake_kube import FakeKube
+from kubernetes import client as k8s
 from live_fixtures import fast_policy, pool
 from prometheus_client import generate_latest
 from prometheus_client.parser import text_string_to_metric_families
 
 from predictor.telemetry.store import TelemetryStore
-from scaler.controller.config import LiveConfig
+from scaler.controller.config import LeaseSection, LiveConfig
+from scaler.controller.leader import LeaderElector
 from scaler.controller.metrics import LoopMetrics
 from scaler.controller.reconcile import Reconciler
 from scaler.controller.system import LiveSystem
@@ -75,6 +78,77 @@ def test_one_decision_series_per_pool_and_failed_passes_counted(tmp_path: Path) 
     got = samples(metrics)
     assert len([k for k in got if k[0] == "gpuscale_scaler_decision"]) == 1
     assert got[("gpuscale_scaler_passes_total", (("result", "failed"),))] == 1
+
+
+# What a pass decided, the series an ex-leader's alerts and panels must not see.
+DECIDED = {
+    "gpuscale_scaler_input_problems",
+    "gpuscale_scaler_demand_gpus",
+    "gpuscale_scaler_forecast_gpus",
+    "gpuscale_scaler_needed_gpus",
+    "gpuscale_scaler_pool_nodes",
+    "gpuscale_scaler_job_spare_nodes",
+    "gpuscale_scaler_pool_used_gpus",
+    "gpuscale_scaler_pool_capacity_gpus",
+    "gpuscale_scaler_decision",
+}
+# Those a pass on the simulated cloud sets: no cluster, so no pods' use.
+SET_HERE = DECIDED - {"gpuscale_scaler_pool_used_gpus"}
+
+
+def names(metrics: LoopMetrics) -> set[str]:
+    return {name for name, _ in samples(metrics)}
+
+
+def test_a_replica_that_stands_by_exports_none_of_its_last_decision(tmp_path: Path) -> None:
+    leads = [True]
+    metrics = LoopMetrics(lambda: leads[0])
+    metrics.observe(reconciler(tmp_path, [8.0] * 5 + [40.0]).iterate(apply=True), {"a100": 8})
+    assert names(metrics) >= SET_HERE
+    assert samples(metrics)[("gpuscale_scaler_leader", ())] == 1
+
+    leads[0] = False  # the lease lapsed: hidden at the next scrape, before the loop notices
+    assert names(metrics) & DECIDED == set()
+    got = samples(metrics)
+    assert got[("gpuscale_scaler_leader", ())] == 0
+    assert got[("gpuscale_scaler_passes_total", (("result", "ok"),))] == 1  # counters stay
+    assert got[("gpuscale_scaler_last_pass_timestamp_seconds", ())] == NOW.timestamp()
+
+    metrics.stand_by()  # the loop sees it stands by
+    leads[0] = True  # and leads again: nothing of its old turn until it has decided anew
+    assert names(metrics) & DECIDED == set()
+    metrics.observe(reconciler(tmp_path / "b", [8.0] * 6).iterate(apply=True), {"a100": 8})
+    assert names(metrics) >= SET_HERE
+    assert len([k for k in samples(metrics) if k[0] == "gpuscale_scaler_decision"]) == 1
+
+
+def test_the_leader_gauge_follows_the_lease(tmp_path: Path, fake: FakeKube) -> None:
+    now = [0.0]
+    lease = LeaseSection(
+        name="scaler", namespace="ops", duration_s=10, renew_deadline_s=8, retry_s=2
+    )
+    a, b = (
+        LeaderElector(
+            k8s.ApiClient(k8s.Configuration(host=fake.url)),
+            lease.model_copy(update={"identity": identity}),
+            clock=lambda: now[0],
+        )
+        for identity in ("a", "b")
+    )
+    on_a, on_b = LoopMetrics(a.is_leader), LoopMetrics(b.is_leader)
+    assert a.try_acquire_or_renew() and not b.try_acquire_or_renew()
+    outcome = reconciler(tmp_path, [8.0] * 5 + [40.0]).iterate(apply=True)
+    on_a.observe(outcome, {"a100": 8})
+    assert samples(on_a)[("gpuscale_scaler_leader", ())] == 1
+    assert samples(on_b)[("gpuscale_scaler_leader", ())] == 0
+    assert names(on_b) & DECIDED == set()  # the standby never decided
+
+    now[0] = 20.0  # a stopped renewing; b takes over
+    assert b.try_acquire_or_renew()
+    on_b.observe(outcome, {"a100": 8})
+    assert samples(on_a)[("gpuscale_scaler_leader", ())] == 0
+    assert names(on_a) & DECIDED == set()
+    assert samples(on_b)[("gpuscale_scaler_leader", ())] == 1 and names(on_b) >= SET_HERE
 
 
 def test_serves_over_http() -> None:

@@ -99,7 +99,7 @@ def scale(
         elector.try_acquire_or_renew()
         threading.Thread(target=elector.run, args=(stop,), name="lease", daemon=True).start()
     reconciler = Reconciler(system, elector, pause=_pause_hook(settings.state_dir))
-    metrics = LoopMetrics()
+    metrics = LoopMetrics(elector.is_leader if elector is not None else None)
     stop_metrics = metrics.serve(metrics_port) if metrics_port is not None else None
     gpus_per_node = {p.name: p.gpus_per_node for p in settings.pools}
     every = interval if interval is not None else settings.reconcile_interval_s
@@ -109,6 +109,7 @@ def scale(
     try:
         while not stop.is_set():
             if elector is not None and not elector.is_leader():
+                metrics.stand_by()
                 patience = settings.lease.duration_s + 2 * settings.lease.retry_s
                 if once and time.monotonic() - waited_since > patience:
                     typer.echo(f"not the leader: lease held by {elector.holder}", err=True)

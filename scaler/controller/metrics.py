@@ -4,23 +4,32 @@ their own (no process globals).
 `gpuscale scale --metrics-port` and `gpuscale defrag --metrics-port` serve them; the
 Grafana dashboard (deploy/grafana/gpuscale-dashboard.json) and the alert rules
 (deploy/prometheus/alerts.yaml) read the loop's. Gauges hold what the last pass saw and
-decided; counters count passes and actions.
+decided; counters count passes and actions. Of replicas electing a leader, only the one
+that leads exports what it decided (`gpuscale_scaler_leader` says which one leads): a
+replica standing by exports its counters and its last pass's time, never the demand,
+fleet and decisions of its last turn, which would otherwise stay in every max() across
+replicas for as long as it runs.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, start_http_server
+from prometheus_client.metrics_core import Metric
 
 from scaler.controller.defrag import DefragOutcome
 from scaler.controller.reconcile import PassOutcome
 
 
 class LoopMetrics:
-    def __init__(self) -> None:
+    """`leading` says whether this replica leads now (LeaderElector.is_leader); None: it
+    decides alone, with no election (a dry run, or no lease)."""
+
+    def __init__(self, leading: Callable[[], bool] | None = None) -> None:
         self.registry = CollectorRegistry()
         r = self.registry
+        self._leading = leading or (lambda: True)
         self.passes = Counter(
             "gpuscale_scaler_passes",
             "Reconcile passes by result (ok, action_failed, failed: nothing could be read)",
@@ -38,6 +47,19 @@ class LoopMetrics:
             "Unix time of the last pass that decided",
             registry=r,
         )
+        self.leader = Gauge(
+            "gpuscale_scaler_leader",
+            "1 while this replica's decisions are the ones made: it holds the Lease, or it"
+            " decides without election (a dry run); 0 while it stands by",
+            registry=r,
+        )
+        # Read at each scrape: a leader whose lease lapsed in the middle of a long pass
+        # says 0 at once, not after the pass.
+        self.leader.set_function(lambda: float(self._leading()))
+        # What a pass decided, in a registry of its own that the scrape reads only while
+        # this replica leads and has decided since it last stood by (_Decided).
+        r = self._decided = CollectorRegistry()
+        self._deciding = False
         self.problems = Gauge(
             "gpuscale_scaler_input_problems",
             "Telemetry or forecast problems in the last pass (scale-downs are held while > 0)",
@@ -93,6 +115,7 @@ class LoopMetrics:
             registry=r,
         )
         self._decision_labels: dict[str, tuple[str, str, str]] = {}
+        self.registry.register(_Decided(self))
 
     def failed_pass(self) -> None:
         self.passes.labels("failed").inc()
@@ -127,9 +150,40 @@ class LoopMetrics:
                 self.decision.remove(*old)
             self._decision_labels[decision.pool] = labels
             self.decision.labels(*labels).set(d.desired.get(decision.pool, 0) - decision.current)
+        self._deciding = True
+
+    def stand_by(self) -> None:
+        """This replica no longer leads: drop what it decided, so that none of it is
+        exported again, not even once it leads anew and before its first pass then."""
+        self._deciding = False
+        for gauge in (
+            self.demand,
+            self.forecast,
+            self.need,
+            self.nodes,
+            self.spare,
+            self.used,
+            self.capacity,
+            self.decision,
+        ):
+            gauge.clear()
+        self._decision_labels.clear()
 
     def serve(self, port: int, addr: str = "0.0.0.0") -> Callable[[], None]:  # nosec B104
         return serve_registry(self.registry, port, addr)
+
+
+class _Decided:
+    """The scrape's view of LoopMetrics' decision gauges: all of them while the replica
+    leads and has decided since it last stood by, none otherwise."""
+
+    def __init__(self, metrics: LoopMetrics) -> None:
+        self._metrics = metrics
+
+    def collect(self) -> Iterator[Metric]:
+        m = self._metrics
+        if m._deciding and m._leading():
+            yield from m._decided.collect()
 
 
 class DefragMetrics:
