@@ -721,7 +721,8 @@ def _alert(rules: dict[str, dict[str, Any]], name: str, summary: str, **labels: 
 
 def test_alert_rules_fire_on_the_metrics_the_code_exports(tmp_path: Path) -> None:
     """promtool's rule unit tests: each alert fires on the series that should raise it and
-    stays quiet otherwise (placeholder pods are not waiting work)."""
+    stays quiet otherwise (placeholder pods are not waiting work; what a replica exports
+    while it does not lead counts for nothing)."""
     promtool = shutil.which("promtool")
     if promtool is None:
         pytest.skip("promtool is not installed")
@@ -731,6 +732,7 @@ def test_alert_rules_fire_on_the_metrics_the_code_exports(tmp_path: Path) -> Non
     a = partial(_alert, rules)
     gpus = 'kube_pod_container_resource_requests{resource="nvidia_com_gpu",'
     phase = 'kube_pod_status_phase{phase="Pending",'
+    leader = 'instance="scaler-0:9100"'
     series = {
         'gpuscale_collector_lag_seconds{source="kubernetes"}': "0+60x90",
         'gpuscale_collector_lag_seconds{source="prometheus"}': "30x90",
@@ -740,10 +742,11 @@ def test_alert_rules_fire_on_the_metrics_the_code_exports(tmp_path: Path) -> Non
         phase + 'namespace="ml",pod="j"}': "1x90",
         gpus + 'namespace="gpuscale-system",pod="p"}': "8x90",
         phase + 'namespace="gpuscale-system",pod="p"}': "1x90",
-        'gpuscale_scaler_demand_gpus{group="a100"}': "100x90",
-        'gpuscale_scaler_forecast_gpus{group="a100",quantile="0.5"}': "50x90",
-        'gpuscale_scaler_demand_gpus{group="h100"}': "40x90",
-        'gpuscale_scaler_forecast_gpus{group="h100",quantile="0.5"}': "41x90",
+        f"gpuscale_scaler_leader{{{leader}}}": "1x90",
+        f'gpuscale_scaler_demand_gpus{{group="a100",{leader}}}': "100x90",
+        f'gpuscale_scaler_forecast_gpus{{group="a100",quantile="0.5",{leader}}}': "50x90",
+        f'gpuscale_scaler_demand_gpus{{group="h100",{leader}}}': "40x90",
+        f'gpuscale_scaler_forecast_gpus{{group="h100",quantile="0.5",{leader}}}': "41x90",
         'gpuscale_defrag_runs_total{result="move_failed"}': "0 0 0 1 2 2",
         'gpuscale_defrag_runs_total{result="ok"}': "0+1x90",
         # The last pass that planned at t = 0 (Unix time 0), none after it.
@@ -766,6 +769,28 @@ def test_alert_rules_fire_on_the_metrics_the_code_exports(tmp_path: Path) -> Non
         ("70m", "GpuscaleDefragStalled", [a("GpuscaleDefragStalled",
             "no gpuscale defragmentation pass has planned for an hour")]),
     ]  # fmt: skip
+    # A failover at 30m: scaler-0 led, then stands by still exporting its last turn's
+    # series (as a replica did before it stopped exporting them); scaler-1 leads, short of
+    # nothing, until its own input problems from 51m.
+    old, new = 'instance="scaler-0:9100"', 'instance="scaler-1:9100"'
+    failover = {
+        f"gpuscale_scaler_leader{{{old}}}": "1x29 0x60",
+        f"gpuscale_scaler_input_problems{{{old}}}": "2x90",
+        f'gpuscale_scaler_demand_gpus{{group="a100",{old}}}': "300x90",
+        f'gpuscale_scaler_pool_capacity_gpus{{pool="a100",{old}}}': "160x90",
+        f"gpuscale_scaler_leader{{{new}}}": "0x29 1x60",
+        f"gpuscale_scaler_input_problems{{{new}}}": "0x50 1x40",
+        f'gpuscale_scaler_demand_gpus{{group="a100",{new}}}': "100x90",
+        f'gpuscale_scaler_pool_capacity_gpus{{pool="a100",{new}}}': "160x90",
+    }
+    failover_cases = [
+        ("28m", "GpuscaleGpuShortage", [a("GpuscaleGpuShortage",
+            "GPU demand exceeds the fleet by 140 GPUs for 15 minutes")]),
+        ("70m", "GpuscaleGpuShortage", []),
+        ("70m", "GpuscaleScalerInputProblems", []),
+        ("85m", "GpuscaleScalerInputProblems", [a("GpuscaleScalerInputProblems",
+            "gpuscale has planned on missing or stale telemetry for 30 minutes")]),
+    ]  # fmt: skip
     shutil.copy(source, tmp_path / "alerts.yaml")
     test = {
         "rule_files": ["alerts.yaml"],
@@ -773,11 +798,12 @@ def test_alert_rules_fire_on_the_metrics_the_code_exports(tmp_path: Path) -> Non
         "tests": [
             {
                 "interval": "1m",
-                "input_series": [{"series": s, "values": v} for s, v in series.items()],
+                "input_series": [{"series": s, "values": v} for s, v in given.items()],
                 "alert_rule_test": [
-                    {"eval_time": t, "alertname": name, "exp_alerts": exp} for t, name, exp in cases
+                    {"eval_time": t, "alertname": name, "exp_alerts": exp} for t, name, exp in at
                 ],
             }
+            for given, at in ((series, cases), (failover, failover_cases))
         ],
     }
     (tmp_path / "test.yaml").write_text(yaml.safe_dump(test))
@@ -808,3 +834,60 @@ def test_alerts_and_dashboard_use_only_metrics_the_code_exports() -> None:
         for name in set(re.findall(r"\bgpuscale_\w+\b(?!\*)", text)):
             base = next((name.removesuffix(s) for s in suffixes if name.endswith(s)), name)
             assert name in exported or base in exported, name
+
+
+def _dashboard_queries() -> list[str]:
+    def walk(node: Any) -> Iterable[str]:
+        if isinstance(node, dict):
+            for key, value in node.items():
+                yield from [value] if key == "expr" else walk(value)
+        elif isinstance(node, list):
+            for value in node:
+                yield from walk(value)
+
+    text = (ROOT / "deploy" / "grafana" / "gpuscale-dashboard.json").read_text()
+    return list(walk(json.loads(text)))
+
+
+# The scaler's series every replica exports; all others are what the leader decided.
+EVERY_REPLICA = {
+    "gpuscale_scaler_passes_total",
+    "gpuscale_scaler_actions_total",
+    "gpuscale_scaler_last_pass_timestamp_seconds",
+    "gpuscale_scaler_leader",
+}
+LEADER_JOIN = re.compile(r"and on \(instance\) \(gpuscale_scaler_leader( offset \S+)? == 1\)")
+
+
+def test_alerts_and_dashboard_read_decisions_from_the_leader_only() -> None:
+    """Each read of what a pass decided is joined on the replica that leads, so that an
+    ex-leader's last values (or a leader's whose lease lapsed mid-pass) count for nothing."""
+    from scaler.controller.metrics import LoopMetrics
+
+    assert "gpuscale_scaler_leader" in {m.name for m in LoopMetrics().registry.collect()}
+    groups = yaml.safe_load((ROOT / "deploy" / "prometheus" / "alerts.yaml").read_text())
+    queries = [r["expr"] for g in groups["groups"] for r in g["rules"]] + _dashboard_queries()
+    joined = 0
+    for query in queries:
+        decided = set(re.findall(r"\bgpuscale_scaler_\w+", query)) - EVERY_REPLICA
+        reads = sum(len(re.findall(rf"\b{name}\b", query)) for name in decided)
+        assert len(LEADER_JOIN.findall(query)) == reads, query
+        joined += reads
+    assert joined >= 10  # the scan found the decision gauges at all
+
+
+def test_dashboard_queries_are_valid_promql(tmp_path: Path) -> None:
+    promtool = shutil.which("promtool")
+    if promtool is None:
+        pytest.skip("promtool is not installed")
+    rules = [
+        {"record": f"dashboard:query_{i}", "expr": q.replace("$step", "10m")}
+        for i, q in enumerate(_dashboard_queries())
+    ]
+    (tmp_path / "dashboard.yaml").write_text(
+        yaml.safe_dump({"groups": [{"name": "dashboard", "rules": rules}]})
+    )
+    checked = subprocess.run(
+        [promtool, "check", "rules", "dashboard.yaml"], cwd=tmp_path, capture_output=True, text=True
+    )
+    assert checked.returncode == 0, checked.stdout + checked.stderr
