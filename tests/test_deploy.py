@@ -433,6 +433,33 @@ def test_state_on_an_existing_claim_or_an_empty_dir_where_persistence_is_off() -
         render({"scaler": mine})
 
 
+def test_the_scaler_and_the_service_accounts_carry_their_own_annotations() -> None:
+    """IRSA: the scaler's role sets the node groups, the service's describes them for
+    /v1/nodepools and /v1/plan."""
+    role = "eks.amazonaws.com/role-arn"
+    docs = manifests(
+        {
+            "scaler": {"serviceAccount": {"annotations": {role: "arn:aws:iam::1:role/scale"}}},
+            "service": {"serviceAccount": {"annotations": {role: "arn:aws:iam::1:role/read"}}},
+        }
+    )
+    accounts = by_kind(docs, "ServiceAccount")
+    assert accounts["gpuscale-scaler"]["metadata"]["annotations"] == {
+        role: "arn:aws:iam::1:role/scale"
+    }
+    assert accounts["gpuscale-service"]["metadata"]["annotations"] == {
+        role: "arn:aws:iam::1:role/read"
+    }
+    service = by_kind(docs, "Deployment")["gpuscale-service"]["spec"]["template"]["spec"]
+    assert service["serviceAccountName"] == "gpuscale-service"
+    assert (
+        "annotations" not in by_kind(manifests(), "ServiceAccount")["gpuscale-service"]["metadata"]
+    )
+    notes = " ".join(render()["gpuscale/templates/NOTES.txt"].split())
+    assert "service.serviceAccount.annotations" in notes
+    assert '/v1/plan say "no demand series in the store"' in notes  # what PlanDesk answers
+
+
 def test_placeholder_priority_class_matches_the_code(docs: list[dict[str, Any]]) -> None:
     from scaler.kube.placeholders import PlaceholderSettings, priority_class
 
