@@ -3,6 +3,8 @@ fake API server, with each replica on a clock the test moves."""
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import pytest
 from fake_kube import FakeKube
 from kubernetes import client as k8s
@@ -108,3 +110,40 @@ class _Response:
         import json
 
         self.data = json.dumps(obj)
+
+
+def test_a_store_keeps_its_loop_state_unless_another_replica_led_since(
+    fake: FakeKube, tmp_path: Path
+) -> None:
+    """Each replica's store (its own claim in the chart) holds the loop state of its own
+    turns: a replica taking the lease back after another's turn starts it afresh."""
+    from scaler.cli.live import own_loop_state
+    from scaler.controller.journal import DecisionJournal
+    from scaler.controller.reconcile import KNOWN_KEY, PLANNER_KEY, UNREMOVABLE_KEY
+
+    a, b = Replica(fake, "a"), Replica(fake, "b")
+    log = DecisionJournal(tmp_path / "a")
+
+    def a_leads_a_pass() -> None:
+        own_loop_state(log, a.elector.transitions)
+        log.save(KNOWN_KEY, {"a100": ["i-1", "i-2"]})
+        log.save(UNREMOVABLE_KEY, {"i-2": 1e12})
+
+    assert a.round(0.0)
+    a_leads_a_pass()
+    assert a.round(2.0)  # renewed: the same turn
+    own_loop_state(log, a.elector.transitions)
+    assert log.load(KNOWN_KEY) == {"a100": ["i-1", "i-2"]}
+
+    a.elector.release()  # a rollout: a gives the lease up and takes it back
+    assert a.round(3.0) and a.elector.transitions == 1
+    own_loop_state(log, a.elector.transitions)
+    assert log.load(KNOWN_KEY) == {"a100": ["i-1", "i-2"]}
+
+    a.elector.release()  # b leads in between: what a knew is from before b's turn
+    assert b.round(4.0)
+    b.elector.release()
+    assert a.round(5.0) and a.elector.transitions == 3
+    own_loop_state(log, a.elector.transitions)
+    assert log.load(KNOWN_KEY) == {} and log.load(UNREMOVABLE_KEY) == {}
+    assert log.load(PLANNER_KEY).step is None

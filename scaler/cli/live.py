@@ -22,9 +22,12 @@ import typer
 from scaler.cli.output import table_console
 
 if TYPE_CHECKING:
+    from scaler.controller.journal import DecisionJournal
     from scaler.controller.reconcile import PassOutcome
 
 PAUSE_ENV = "GPUSCALE_PAUSE_AT"
+# The Lease's leaseTransitions when this replica last acted, in its decision log's state.
+LED_KEY = "led_at_transitions"
 CONFIG_HELP = (
     "Live config YAML (state_dir, pools, provider, kubernetes, demand, model, policy, lease,"
     " placement, service, defrag). GPUSCALE_* environment variables override it."
@@ -120,6 +123,8 @@ def scale(
                     logging.getLogger(__name__).info("standby: lease held by %s", announced)
                 stop.wait(min(settings.lease.retry_s, every))
                 continue
+            if elector is not None:
+                own_loop_state(system.log, elector.transitions)
             try:
                 outcome = reconciler.iterate(apply)
             except NotLeader as exc:
@@ -255,6 +260,37 @@ def _check_tls(cert: Path, key: Path) -> None:
         raise InputError(
             f"not a PEM certificate matching the private key {key} ({reason})", path=cert
         ) from None
+
+
+def own_loop_state(log: DecisionJournal, transitions: int) -> None:
+    """Before a pass as leader: keep the loop state in this replica's store only if no
+    other replica has led since this one last did, else start it afresh as a new store
+    would. Each replica keeps a store of its own (the chart gives each a claim), and after
+    another's turn this one's planner memory, nodes known and nodes not to retry are from
+    before it: nodes removed meanwhile would count as lost, surplus as lasting. The Lease
+    counts a transition each time a replica takes it that did not hold it, so this one's
+    own re-take after a release is one more than the count it last led under; more means
+    another took it in between."""
+    from scaler.controller.reconcile import (
+        KNOWN_KEY,
+        PLANNER_KEY,
+        UNREMOVABLE_KEY,
+        PlannerState,
+    )
+
+    led = log.load(LED_KEY)
+    if led == transitions:
+        return
+    if led is None or not led < transitions <= led + 1:
+        log.save(PLANNER_KEY, PlannerState())
+        log.save(KNOWN_KEY, {})
+        log.save(UNREMOVABLE_KEY, {})
+        logging.getLogger(__name__).info(
+            "lease taken at transition %d (this store last led at %s): loop state afresh",
+            transitions,
+            led,
+        )
+    log.save(LED_KEY, transitions)
 
 
 def _pause_hook(state_dir: Path) -> Callable[[str], None]:
