@@ -201,6 +201,27 @@ def test_services_select_their_pods(docs: list[dict[str, Any]]) -> None:
         assert len(chosen) == 1, service["metadata"]["name"]
 
 
+def test_the_services_ingress_is_kept_to_the_peers_named_once_enabled() -> None:
+    """The extender's verbs take no token (kube-scheduler sends none): the policy is how an
+    operator keeps them to the scheduler and the service's clients."""
+    import kubernetes_validate
+
+    assert by_kind(manifests(), "NetworkPolicy") == {}
+    scheduler = {
+        "namespaceSelector": {"matchLabels": {"kubernetes.io/metadata.name": "kube-system"}},
+        "podSelector": {"matchLabels": {"component": "kube-scheduler"}},
+    }
+    docs = manifests({"service": {"networkPolicy": {"enabled": True, "from": [scheduler]}}})
+    (policy,) = by_kind(docs, "NetworkPolicy").values()
+    kubernetes_validate.validate(policy, KUBE_VERSION, strict=True)
+    service = workloads(docs)["gpuscale-service"]["spec"]["template"]["metadata"]["labels"]
+    assert policy["spec"]["podSelector"]["matchLabels"].items() <= service.items()
+    (rule,) = policy["spec"]["ingress"]
+    assert rule["from"] == [scheduler] and rule["ports"] == [{"port": "http", "protocol": "TCP"}]
+    closed = manifests({"service": {"networkPolicy": {"enabled": True}}})
+    assert next(iter(by_kind(closed, "NetworkPolicy").values()))["spec"]["ingress"][0]["from"] == []
+
+
 def test_service_monitor_only_where_the_cluster_serves_its_crd() -> None:
     docs = manifests(api_versions=())
     assert by_kind(docs, "ServiceMonitor") == {}
