@@ -218,10 +218,17 @@ def run_pod(
     if gpus:
         resources["requests"]["nvidia.com/gpu"] = str(gpus)
         resources["limits"] = {"nvidia.com/gpu": str(gpus)}
+    owner = {"apiVersion": "apps/v1", "kind": "ReplicaSet", "name": name, "uid": f"rs-{name}"}
     fake.create(
         "pods",
         {
-            "metadata": {"name": name, "namespace": namespace, "labels": labels or {}},
+            "metadata": {
+                "name": name,
+                "namespace": namespace,
+                "labels": labels or {},
+                # A drain may evict it: its controller recreates it.
+                "ownerReferences": [owner | {"controller": True}],
+            },
             "spec": {
                 "nodeName": node,
                 "containers": [{"name": "main", "image": "busybox", "resources": resources}],

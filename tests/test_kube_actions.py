@@ -30,6 +30,7 @@ from scaler.kube.placeholders import (
 from scaler.providers.simulated import SimulatedCloud
 
 FAST = DrainSettings(timeout_s=0.3, poll_s=0.02)
+SAFE_TO_EVICT = "cluster-autoscaler.kubernetes.io/safe-to-evict"
 POOL = NodePool(
     name="a100",
     gpu_model="A100",
@@ -63,12 +64,20 @@ class Cluster:
         )
 
 
-def pod(name: str, node: str | None, *, namespace: str = "ml", **extra: Any) -> dict:
+def pod(
+    name: str,
+    node: str | None,
+    *,
+    namespace: str = "ml",
+    owner: str | None = "ReplicaSet",
+    **extra: Any,
+) -> dict:
+    """A pod its `owner` controls (None: a bare pod, nothing recreates it)."""
     meta: dict[str, Any] = {"name": name, "namespace": namespace}
     meta.update({k: v for k, v in extra.items() if k in ("labels", "annotations")})
-    if "owner" in extra:
+    if owner is not None:
         meta["ownerReferences"] = [
-            {"kind": extra["owner"], "name": "x", "apiVersion": "v1", "uid": "u"}
+            {"kind": owner, "name": "x", "apiVersion": "v1", "uid": "u", "controller": True}
         ]
     spec = {"containers": [{"name": "main", "image": "busybox"}]}
     if node is not None:
@@ -216,14 +225,38 @@ def test_budgets_by_max_unavailable_and_overlapping_budgets(cluster: Cluster) ->
     assert blocking["web-2"].budget == "web-pdb"
 
 
-def test_a_pod_marked_not_safe_to_evict_blocks_and_is_never_evicted(cluster: Cluster) -> None:
+@pytest.mark.parametrize(
+    ("owner", "annotations", "why"),
+    [
+        ("ReplicaSet", {SAFE_TO_EVICT: "false"}, f'annotated {SAFE_TO_EVICT}: "false"'),
+        (None, {}, "no controller to recreate it"),
+    ],
+)
+def test_a_pod_no_drain_may_take_blocks_before_anything_is_evicted(
+    cluster: Cluster, owner: str | None, annotations: dict[str, str], why: str
+) -> None:
+    """A pod marked not safe to evict, or a bare one (evicted, it is lost for good), keeps
+    its node as in Cluster Autoscaler: the drain stops at once, the pods beside it keep
+    running, and the provider is not asked."""
     node = next(iter(cluster.nodes))
-    annotations = {"cluster-autoscaler.kubernetes.io/safe-to-evict": "false"}
-    cluster.fake.create("pods", pod("notebook", node, annotations=annotations))
-    outcome = cluster.removal(DrainSettings(timeout_s=0.05, poll_s=0.01)).remove(node)
+    cluster.fake.create("pods", pod("notebook", node, owner=owner, annotations=annotations))
+    cluster.fake.create("pods", pod("batch-1", node))
+    (group,) = cluster.cloud.node_groups()
+    outcome = cluster.removal().remove(node)
     assert outcome.status is RemovalStatus.BLOCKED
-    assert [b.name for b in outcome.blocking] == ["notebook"]
+    (blocking,) = outcome.blocking
+    assert blocking.name == "notebook" and why in blocking.reason
     assert evictions(cluster.fake) == []
+    assert cluster.pods(node) == ["batch-1", "notebook"]
+    assert group.target_size() == 3
+
+
+def test_a_bare_pod_its_owner_lets_go_is_evicted(cluster: Cluster) -> None:
+    node = next(iter(cluster.nodes))
+    scratch = pod("scratch", node, owner=None, annotations={SAFE_TO_EVICT: "true"})
+    cluster.fake.create("pods", scratch)
+    assert cluster.removal().remove(node).status is RemovalStatus.REMOVED
+    assert evictions(cluster.fake) == ["scratch"]
 
 
 def test_removal_resumes_after_a_crash_past_the_provider(cluster: Cluster) -> None:

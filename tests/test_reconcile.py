@@ -250,8 +250,20 @@ def kube_pod(
     if pool is not None:
         spec["nodeSelector"] = {POOL_LABEL: pool}
     annotations = {"gpuscale.io/gpu-milli": str(share)} if share is not None else {}
+    owner = {
+        "apiVersion": "apps/v1",
+        "kind": "ReplicaSet",
+        "name": "x",
+        "uid": "u",
+        "controller": True,
+    }
     return {
-        "metadata": {"name": name, "namespace": "ml", "annotations": annotations},
+        "metadata": {
+            "name": name,
+            "namespace": "ml",
+            "annotations": annotations,
+            "ownerReferences": [owner],
+        },
         "spec": spec,
         "status": {"phase": "Running" if node else "Pending"},
     }
@@ -574,3 +586,33 @@ def test_placeholders_in_the_live_loop_follow_the_mix(tmp_path: Path, fake: Any)
     assert {
         p["spec"]["containers"][0]["resources"]["requests"]["nvidia.com/gpu"] for p in made
     } == {"2"}
+
+
+def test_a_node_with_a_pod_no_drain_may_take_is_not_removable(tmp_path: Path, fake: Any) -> None:
+    """Demand wants one node of three; the two idle ones run a bare pod (nothing would
+    recreate it) and one annotated safe-to-evict "false". Neither may go, as in Cluster
+    Autoscaler, and the plan says which pod keeps each."""
+    r = kube_cluster(tmp_path, fake, nodes=3, pre_position=False)
+    busy, bare, pinned = kube_names_of(r)
+    fake.create("pods", kube_pod("train", busy, gpus=8))
+    notebook = kube_pod("notebook", bare)
+    del notebook["metadata"]["ownerReferences"]
+    fake.create("pods", notebook)
+    guarded = kube_pod("guarded", pinned)
+    guarded["metadata"]["annotations"] = {"cluster-autoscaler.kubernetes.io/safe-to-evict": "false"}
+    fake.create("pods", guarded)
+
+    dry = r.iterate(apply=False).decision
+    nodes = {n["node"]: n for n in dry.fleet.to_dict()["nodes"]["a100"]}  # what --json shows
+    assert nodes[bare]["drainable"] is False
+    assert nodes[bare]["check"] == "pod ml/notebook has no controller to recreate it"
+    assert nodes[pinned]["drainable"] is False
+    assert nodes[pinned]["check"] == (
+        'pod ml/guarded is annotated cluster-autoscaler.kubernetes.io/safe-to-evict: "false"'
+    )
+    assert dry.plan.decisions[0].inputs["removable"] == 0 and dry.removals == ()
+
+    applied = r.iterate(apply=True)
+    assert [a for a in applied.actions if a["action"] == "remove_node"] == []
+    assert kube_names_of(r) == [busy, bare, pinned]
+    assert not any(n["spec"].get("unschedulable") for n in fake.objects("nodes"))

@@ -185,6 +185,9 @@ class PodRequest:
     # its uid, and kind/name for people. None: nothing brings it back.
     controller_uid: str | None = None
     controller: str | None = None
+    # Annotated safe-to-evict "true": a drain may evict it even with no controller (its
+    # owner said losing it is fine, as Cluster Autoscaler reads the annotation).
+    evict_anyway: bool = False
 
     @property
     def id(self) -> str:
@@ -422,6 +425,7 @@ def read_pod(pod: Any, names: KubeNames = KUBE_NAMES) -> PodRequest:
         priority_class=spec.get("priorityClassName") or None,
         controller_uid=controller_uid,
         controller=controller,
+        evict_anyway=annotations.get(SAFE_TO_EVICT_ANNOTATION) == "true",
     )
 
 

@@ -3,9 +3,11 @@
 For each node the view knows its pool, whether it is booting or ready, its Kubernetes name
 (when it has registered), whether real GPU jobs run on it (such a node is never chosen for
 removal: a scale-down must not kill training), how many pods a drain would have to move,
-whether gpuscale cordoned it, and, once `with_removal_checks` has run, whether the
-scale-down check found its pods room elsewhere (with the pending pods that fit now already
-placed, as Cluster Autoscaler does). It also counts, per pool, the GPUs real
+whether gpuscale cordoned it, and whether it may be drained at all: a node with a pod no
+drain may take (one nothing would recreate, or one not safe to evict) is not drainable, as
+in Cluster Autoscaler. Once `with_removal_checks` has run it knows, for the others, whether
+the scale-down check found their pods room elsewhere (with the pending pods that fit now
+already placed, as Cluster Autoscaler does). It also counts, per pool, the GPUs real
 pods hold or wait for (shared GPUs as their shares; pending Kueue Workloads' too). What
 Kubernetes shows comes from the one cluster snapshot (`scaler.kube.observed`), kept in the
 view for the loop's reactive floor and placeholder sizing.
@@ -244,6 +246,7 @@ def observe_fleet(
         views = []
         for n in found:
             kube = by_cloud.get(n.name)
+            undrainable = kube.undrainable if kube is not None else None
             views.append(
                 FleetNode(
                     cloud_name=n.name,
@@ -254,6 +257,9 @@ def observe_fleet(
                     busy=kube is not None and kube.busy,
                     movable_pods=kube.movable_pods if kube is not None else 0,
                     cordoned_by_us=kube is not None and kube.draining,
+                    # A pod no drain may take keeps the node, before any check.
+                    drainable=False if undrainable else None,
+                    check=undrainable or "",
                 )
             )
         nodes[pool] = tuple(views)

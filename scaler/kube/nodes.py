@@ -5,9 +5,11 @@ resumes wherever a crash left it: a node gpuscale cordoned carries an annotation
 a drain lists what is still on the node and evicts it again; a node whose instance the cloud
 no longer holds has already been deleted.
 
-The drain evicts placeholder pods first (they only hold capacity), leaves DaemonSet and
-mirror pods (they go with the node) and finished pods alone, and never evicts a pod
-Cluster Autoscaler's safe-to-evict annotation marks `"false"`. An eviction the API server
+The drain evicts placeholder pods first (they only hold capacity) and leaves DaemonSet and
+mirror pods (they go with the node) and finished pods alone. As Cluster Autoscaler, it
+takes no node with a pod it must not evict (`why_undrainable`: one nothing would recreate,
+or one its safe-to-evict annotation marks `"false"`): such a pod stops the drain before
+anything is evicted, and the node is reported as blocked. An eviction the API server
 refuses with 429 because of a PodDisruptionBudget is retried until the drain's timeout;
 then the node stays cordoned and is reported as blocked, naming each blocking pod and its
 budget, and the provider is not asked to delete it. Nodes and pods are read as the rest of
@@ -62,6 +64,20 @@ class RemovalOutcome:
     @property
     def removed(self) -> bool:
         return self.status is RemovalStatus.REMOVED
+
+
+def why_undrainable(pod: PodRequest) -> str | None:
+    """Why no drain may take `pod` away, so its node must stay (Cluster Autoscaler's rules):
+    it is annotated safe-to-evict "false", or no controller would recreate it (a bare pod
+    evicted is lost, unless annotated safe-to-evict "true"). None for a pod that may go,
+    goes with its node, has finished or is going already; placeholders are gpuscale's own."""
+    if pod.goes_with_node or pod.finished or pod.deleting or pod.placeholder:
+        return None
+    if not pod.safe_to_evict:
+        return f'pod {pod.id} is annotated {SAFE_TO_EVICT_ANNOTATION}: "false"'
+    if pod.controller_uid is None and not pod.evict_anyway:
+        return f"pod {pod.id} has no controller to recreate it"
+    return None
 
 
 def eviction_order(pods: Iterable[PodRequest]) -> list[PodRequest]:
@@ -167,6 +183,14 @@ class NodeRemoval:
             pods = eviction_order(self._pods_on(node_name))
             if not pods:
                 return ()
+            # Evicting the others first would only disrupt them: the node cannot go anyway.
+            kept = [
+                BlockingPod(p.namespace, p.name, why)
+                for p in pods
+                if (why := why_undrainable(p)) is not None
+            ]
+            if kept:
+                return tuple(kept)
             blocking = [b for b in map(self._evict, pods) if b is not None]
             if self._clock() >= deadline:
                 going = {(b.namespace, b.name) for b in blocking}
@@ -208,9 +232,6 @@ class NodeRemoval:
 
     def _evict(self, pod: PodRequest) -> BlockingPod | None:
         """Ask for one eviction; a BlockingPod when it was refused."""
-        ns, name = pod.namespace, pod.name
-        if not pod.safe_to_evict:
-            return BlockingPod(ns, name, f'annotated {SAFE_TO_EVICT_ANNOTATION}: "false"')
         if pod.deleting:
             return None  # already going
         return request_eviction(self._api, pod)

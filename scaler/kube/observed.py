@@ -17,7 +17,8 @@ an `ObservedCluster`:
   shares as shares, MIG instances in GPU equivalents), as are the GPUs real pods hold on
   each node;
 - per node what the loop needs to remove it: its pool label, its provider's name, the real
-  pods a drain would move and whether real pods hold GPUs there;
+  pods a drain would move, whether real pods hold GPUs there and why no drain may empty it
+  (a pod nothing would recreate, or one not safe to evict: `nodes.why_undrainable`);
 - the pods bound into the state (by job id), for what a job's pod says beyond the job (may
   it be moved, what recreates it), and the moves defragmentation planned onto each node;
 - with Kueue (`scaler.kube.kueue.with_queue`), the jobs of the pending Workloads, which have
@@ -47,6 +48,7 @@ from scaler.cluster.job import Job
 from scaler.cluster.snapshot import ClusterState, NodeSpec
 from scaler.kube.errors import kube_call
 from scaler.kube.moves import PlannedMove, read_moves
+from scaler.kube.nodes import why_undrainable
 from scaler.kube.objects import job_of, spec_of
 from scaler.placement.policies.base import best_fit_gpus
 
@@ -65,6 +67,7 @@ class ObservedNode:
     movable_pods: int = 0  # real pods a drain would evict (placeholders and DaemonSets aside)
     gpu_pods: int = 0  # real pods holding GPUs here
     gpus_used: float = 0.0  # GPUs real pods hold here (shares as shares, MIG as equivalents)
+    undrainable: str | None = None  # why no drain may empty it (`nodes.why_undrainable`)
 
     @property
     def busy(self) -> bool:
@@ -120,6 +123,7 @@ def observed_cluster(
     movable: dict[str, int] = {}
     gpu_pods: dict[str, int] = {}
     used: dict[str, float] = {}
+    undrainable: dict[str, str] = {}
     bound: list[tuple[PodRequest, Job]] = []
     pending: list[Job] = []
     pending_pools: dict[str, str | None] = {}
@@ -138,6 +142,9 @@ def observed_cluster(
         if pod.node not in facts:
             continue  # bound to a node that has not registered (or has gone)
         bound.append((pod, job))
+        why = why_undrainable(pod)
+        if why is not None:
+            undrainable.setdefault(pod.node, why)
         if not pod.placeholder:
             movable[pod.node] = movable.get(pod.node, 0) + 1
             if pod.gpus or pod.mig:
@@ -154,6 +161,7 @@ def observed_cluster(
             movable_pods=movable.get(name, 0),
             gpu_pods=gpu_pods.get(name, 0),
             gpus_used=used.get(name, 0.0),
+            undrainable=undrainable.get(name),
         )
         for name, (node, cloud) in facts.items()
     }
