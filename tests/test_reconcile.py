@@ -45,10 +45,10 @@ class Crash(Exception):
     """Stands in for a kill at a pause point."""
 
 
-def config(tmp_path: Path, nodes: int = 2, **extra: Any) -> LiveConfig:
+def config(tmp_path: Path, nodes: int = 2, boot_s: float = 0.0, **extra: Any) -> LiveConfig:
     return LiveConfig(
         state_dir=tmp_path / "state",
-        pools=[pool(min_size=1)],
+        pools=[pool(min_size=1) | {"boot_seconds": boot_s}],
         provider={"kind": "simulated", "simulated": {"initial_sizes": {"a100": nodes}}},
         model={"name": "persistence"},
         policy=fast_policy(60.0),
@@ -179,7 +179,8 @@ def test_choose_removals_prefers_booting_then_resumed_then_idle_nodes() -> None:
     t = NOW
 
     def node(name: str, status: NodeStatus, minutes: int, **kw: Any) -> FleetNode:
-        return FleetNode(name, "a100", status, t + timedelta(minutes=minutes), kube_name=name, **kw)
+        kw.setdefault("kube_name", name)
+        return FleetNode(name, "a100", status, t + timedelta(minutes=minutes), **kw)
 
     nodes = (
         node("busy", NodeStatus.READY, 0, busy=True),
@@ -187,10 +188,11 @@ def test_choose_removals_prefers_booting_then_resumed_then_idle_nodes() -> None:
         node("idle-old", NodeStatus.READY, 2),
         node("idle-new", NodeStatus.READY, 3),
         node("resumed", NodeStatus.READY, 4, movable_pods=3, cordoned_by_us=True),
-        node("booting", NodeStatus.BOOTING, 5),
+        node("booting", NodeStatus.BOOTING, 5, kube_name=None),  # not registered yet
         node("backoff", NodeStatus.READY, 6),
+        node("joined", NodeStatus.BOOTING, 7, busy=True),  # registered, runs training
     )
-    fleet = ObservedFleet({"a100": nodes}, {"a100": 7}, kubernetes=True)
+    fleet = ObservedFleet({"a100": nodes}, {"a100": 8}, kubernetes=True)
     order = [n.cloud_name for n in choose_removals(fleet, "a100", 10, frozenset({"backoff"}))]
     assert order == ["booting", "resumed", "idle-new", "idle-old", "pods"]
     assert [n.cloud_name for n in choose_removals(fleet, "a100", 2, frozenset())] == [
@@ -210,6 +212,7 @@ def test_the_removal_order_needs_no_kubernetes() -> None:
             RemovalCandidate("ours", 0.0, cordoned_by_us=True, movable_pods=4),
             RemovalCandidate("boot-old", 2.0, booting=True),
             RemovalCandidate("boot-new", 8.0, booting=True),
+            RemovalCandidate("boot-kept", 9.5, booting=True, removable=False),
         ]
     )
     assert [c.key for c in order] == [
@@ -475,15 +478,17 @@ def kube_cluster(
     nodes: int,
     gpus: float = 8.0,
     mix: list[dict] | None = None,
+    boot_s: float = 0.0,
     **kube: Any,
 ) -> Reconciler:
     """The loop on the simulated cloud with `nodes` ready a100 nodes, each registered in
     the fake API server under its cloud name (8 GPUs, 96 CPUs); demand of `gpus` GPUs; the
-    placement mix `mix` (default: the configured default)."""
+    placement mix `mix` (default: the configured default); nodes added boot `boot_s`."""
     placement = {"mix": mix} if mix is not None else {}
     cfg = config(
         tmp_path,
         nodes=nodes,
+        boot_s=boot_s,
         kubernetes={"host": fake.url, "drain": {"timeout_s": 0.5, "poll_s": 0.02}} | kube,
         lease={"enabled": False},
         placement=placement,
@@ -616,3 +621,35 @@ def test_a_node_with_a_pod_no_drain_may_take_is_not_removable(tmp_path: Path, fa
     assert [a for a in applied.actions if a["action"] == "remove_node"] == []
     assert kube_names_of(r) == [busy, bare, pinned]
     assert not any(n["spec"].get("unschedulable") for n in fake.objects("nodes"))
+
+
+def test_a_registered_node_the_cloud_calls_booting_is_checked_like_a_ready_one(
+    tmp_path: Path, fake: Any
+) -> None:
+    """Two of four nodes are still booting in the cloud's eyes; one of them has registered
+    (an instance a lifecycle hook holds, a NodeClaim not yet Ready) and already runs
+    training. Two must go: the unregistered booting node (no pod can run there) and the
+    idle ready one; the registered booting node is busy and stays, its pod untouched."""
+    r = kube_cluster(tmp_path, fake, nodes=2, pre_position=False, boot_s=3600)
+    first, idle = kube_names_of(r)
+    fake.create("pods", kube_pod("train", first, gpus=8))
+    (group,) = r.system.provider.node_groups()
+    group.increase_size(2)
+    registered, unregistered = sorted(
+        n.name for n in group.nodes() if n.status is NodeStatus.BOOTING
+    )
+    fake.create("nodes", kube_node(registered))
+    fake.create("pods", kube_pod("early", registered, gpus=8))
+
+    outcome = r.iterate(apply=True)
+    d = outcome.decision
+    views = {n.cloud_name: n for n in d.fleet.all_nodes()}
+    assert views[registered].booting and views[registered].busy
+    assert d.desired == {"a100": 2}
+    assert sorted(x.cloud_name for x in d.removals) == sorted([idle, unregistered])
+    done = [a["node"] for a in outcome.actions if a["action"] == "remove_node"]
+    assert sorted(done) == sorted([idle, unregistered])
+    assert all(a["status"] == "done" for a in outcome.actions)
+    assert kube_names_of(r) == sorted([first, registered])
+    assert sorted(p["metadata"]["name"] for p in fake.objects("pods", "ml")) == ["early", "train"]
+    assert not fake.get("nodes", registered)["spec"].get("unschedulable")

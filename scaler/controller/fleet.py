@@ -1,16 +1,17 @@
 """The fleet as the loop sees it: the provider's nodes, joined to Kubernetes by providerID.
 
 For each node the view knows its pool, whether it is booting or ready, its Kubernetes name
-(when it has registered), whether real GPU jobs run on it (such a node is never chosen for
-removal: a scale-down must not kill training), how many pods a drain would have to move,
-whether gpuscale cordoned it, and whether it may be drained at all: a node with a pod no
-drain may take (one nothing would recreate, or one not safe to evict) is not drainable, as
-in Cluster Autoscaler. Once `with_removal_checks` has run it knows, for the others, whether
-the scale-down check found their pods room elsewhere (with the pending pods that fit now
-already placed, as Cluster Autoscaler does). It also counts, per pool, the GPUs real
-pods hold or wait for (shared GPUs as their shares; pending Kueue Workloads' too). What
-Kubernetes shows comes from the one cluster snapshot (`scaler.kube.observed`), kept in the
-view for the loop's reactive floor and placeholder sizing.
+(when it has registered: then it is checked before it goes, booting or not), whether real
+GPU jobs run on it (such a node is never chosen for removal: a scale-down must not kill
+training), how many pods a drain would have to move, whether gpuscale cordoned it, and
+whether it may be drained at all: a node with a pod no drain may take (one nothing would
+recreate, or one not safe to evict) is not drainable, as in Cluster Autoscaler. Once
+`with_removal_checks` has run it knows, for the others, whether the scale-down check found
+their pods room elsewhere (with the pending pods that fit now already placed, as Cluster
+Autoscaler does). It also counts, per pool, the GPUs real pods hold or wait for (shared
+GPUs as their shares; pending Kueue Workloads' too). What Kubernetes shows comes from the
+one cluster snapshot (`scaler.kube.observed`), kept in the view for the loop's reactive
+floor and placeholder sizing.
 
 Without Kubernetes the view has only the provider's nodes.
 """
@@ -56,6 +57,14 @@ class FleetNode:
     def booting(self) -> bool:
         return self.status is NodeStatus.BOOTING
 
+    @property
+    def unregistered(self) -> bool:
+        """Booting and not registered in Kubernetes: no pod can run there yet, so it alone
+        may go unchecked. A node the cloud still calls booting (an instance held by a
+        lifecycle hook, a NodeClaim not yet Ready) that has registered may run pods
+        already, and is checked like a ready one."""
+        return self.booting and self.kube_name is None
+
     def to_dict(self) -> dict[str, object]:
         return {
             "node": self.cloud_name,
@@ -83,11 +92,12 @@ class ObservedFleet:
         return [n for nodes in self.nodes.values() for n in nodes]
 
     def removable(self, pool: str, unremovable: frozenset[str]) -> list[FleetNode]:
-        """Ready nodes the planner may count as idle or drainable now."""
+        """Nodes past booting, or registered, that the planner may count as idle or
+        drainable now (the unregistered ones may always go)."""
         return [
             n
             for n in self.nodes.get(pool, ())
-            if n.status is NodeStatus.READY
+            if not n.unregistered
             and not n.busy
             and n.drainable is not False
             and n.cloud_name not in unremovable
@@ -101,8 +111,8 @@ class ObservedFleet:
             RemovalCandidate(
                 key=n,
                 launched_at=n.launched_at,
-                booting=n.booting,
-                removable=n.cloud_name in removable,
+                booting=n.unregistered,
+                removable=n.unregistered or n.cloud_name in removable,
                 cordoned_by_us=n.cordoned_by_us,
                 movable_pods=n.movable_pods,
             )
@@ -110,11 +120,12 @@ class ObservedFleet:
         ]
 
     def with_removal_checks(self, policy: Policy, unremovable: frozenset[str]) -> ObservedFleet:
-        """The view with every ready node that could go checked: may its pods, placeholders
-        aside, go elsewhere? As in Cluster Autoscaler, the pending pods that fit now are
-        placed first (see `with_pending`), so an idle node a pending pod is about to take
-        is not removed under it. The nodes are then tried in the removal order on one
-        scratch copy of the cluster, so the ones that pass may all go together."""
+        """The view with every registered node that could go checked (booting or not): may
+        its pods, placeholders aside, go elsewhere? As in Cluster Autoscaler, the pending
+        pods that fit now are placed first (see `with_pending`), so an idle node a pending
+        pod is about to take is not removed under it. The nodes are then tried in the
+        removal order on one scratch copy of the cluster, so the ones that pass may all go
+        together."""
         if self.cluster is None or self.cluster.state is None:
             return self
         state = self.cluster.state
@@ -151,7 +162,8 @@ class ObservedFleet:
     ) -> FleetCapacity:
         pools = []
         for pool, nodes in self.nodes.items():
-            ready = sum(n.status is NodeStatus.READY for n in nodes)
+            # A registered node counts with the ready ones: it goes only once checked.
+            ready = sum(not n.unregistered for n in nodes)
             pools.append(
                 PoolCapacity(
                     pool=pool,

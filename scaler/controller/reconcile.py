@@ -287,10 +287,7 @@ def pending_demand(
     cluster = fleet.cluster
     pending = (*cluster.real_pending, *cluster.queued) if cluster is not None else ()
     # A node that has registered is in the cluster state; only the others are on the way.
-    booting = {
-        pool: sum(n.booting and n.kube_name is None for n in nodes)
-        for pool, nodes in fleet.nodes.items()
-    }
+    booting = {pool: sum(n.unregistered for n in nodes) for pool, nodes in fleet.nodes.items()}
     return reactive_demand(
         cluster.state if cluster is not None else None,
         pending,

@@ -911,7 +911,8 @@ def _apply(desired: Mapping[str, int], groups: Groups, cluster: _SimCluster, eng
                     n.name,
                     n.launched_at,
                     booting=n.status == NodeStatus.BOOTING,
-                    removable=n.name in idle,
+                    # A booting node has not joined the cluster: nothing runs there.
+                    removable=n.status == NodeStatus.BOOTING or n.name in idle,
                     idle_since=cluster.idle_since.get(idle[n.name]) if n.name in idle else None,
                 )
                 for n in group.nodes()
