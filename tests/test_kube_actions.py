@@ -134,6 +134,27 @@ def test_cordon_is_idempotent_and_marks_who_did_it(cluster: Cluster) -> None:
     assert KUBE_NAMES.removal_annotation not in (cleared["metadata"].get("annotations") or {})
 
 
+def test_a_node_someone_else_cordoned_is_never_taken_over(cluster: Cluster) -> None:
+    """An operator's `kubectl cordon` (maintenance): gpuscale does not mark the node its
+    own, so its uncordon leaves it cordoned, and a removal refuses it untouched."""
+    node = next(iter(cluster.nodes))
+    cluster.fake.patch("nodes", node, {"spec": {"unschedulable": True}})
+    cluster.fake.create("pods", pod("batch-1", node))
+    removal = cluster.removal()
+    assert removal.cordon(node) is False
+    removal.uncordon(node)
+    after = cluster.fake.get("nodes", node)
+    assert after["spec"]["unschedulable"] is True
+    assert KUBE_NAMES.removal_annotation not in (after["metadata"].get("annotations") or {})
+
+    outcome = removal.remove(node)
+    assert outcome.status is RemovalStatus.REFUSED and "someone else" in outcome.reason
+    assert evictions(cluster.fake) == [] and cluster.pods(node) == ["batch-1"]
+    (group,) = cluster.cloud.node_groups()
+    assert group.target_size() == 3
+    assert cluster.fake.get("nodes", node)["spec"]["unschedulable"] is True
+
+
 def test_removal_drains_placeholders_first_then_the_provider_deletes_that_node(
     cluster: Cluster,
 ) -> None:

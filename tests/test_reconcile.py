@@ -653,3 +653,21 @@ def test_a_registered_node_the_cloud_calls_booting_is_checked_like_a_ready_one(
     assert kube_names_of(r) == sorted([first, registered])
     assert sorted(p["metadata"]["name"] for p in fake.objects("pods", "ml")) == ["early", "train"]
     assert not fake.get("nodes", registered)["spec"].get("unschedulable")
+
+
+def test_a_node_someone_else_cordoned_is_neither_removed_nor_uncordoned(
+    tmp_path: Path, fake: Any
+) -> None:
+    """Demand wants one node of two; the idle one is under an operator's cordon. It is not
+    chosen (the plan says why) and stays cordoned after the pass."""
+    r = kube_cluster(tmp_path, fake, nodes=2, pre_position=False)
+    busy, held = kube_names_of(r)
+    fake.create("pods", kube_pod("train", busy, gpus=8))
+    fake.patch("nodes", held, {"spec": {"unschedulable": True}})
+
+    outcome = r.iterate(apply=True)
+    (view,) = [n for n in outcome.decision.fleet.to_dict()["nodes"]["a100"] if n["node"] == held]
+    assert view["drainable"] is False and "cordoned by someone else" in view["check"]
+    assert outcome.decision.removals == () and outcome.actions == []
+    assert kube_names_of(r) == [busy, held]
+    assert fake.get("nodes", held)["spec"]["unschedulable"] is True

@@ -4,14 +4,14 @@ For each node the view knows its pool, whether it is booting or ready, its Kuber
 (when it has registered: then it is checked before it goes, booting or not), whether real
 GPU jobs run on it (such a node is never chosen for removal: a scale-down must not kill
 training), how many pods a drain would have to move, whether gpuscale cordoned it, and
-whether it may be drained at all: a node with a pod no drain may take (one nothing would
-recreate, or one not safe to evict) is not drainable, as in Cluster Autoscaler. Once
-`with_removal_checks` has run it knows, for the others, whether the scale-down check found
-their pods room elsewhere (with the pending pods that fit now already placed, as Cluster
-Autoscaler does). It also counts, per pool, the GPUs real pods hold or wait for (shared
-GPUs as their shares; pending Kueue Workloads' too). What Kubernetes shows comes from the
-one cluster snapshot (`scaler.kube.observed`), kept in the view for the loop's reactive
-floor and placeholder sizing.
+whether it may go at all: a node someone else cordoned is theirs, and one with a pod no
+drain may take (one nothing would recreate, or one not safe to evict) is not drainable, as
+in Cluster Autoscaler. Once `with_removal_checks` has run it knows, for the others,
+whether the scale-down check found their pods room elsewhere (with the pending pods that
+fit now already placed, as Cluster Autoscaler does). It also counts, per pool, the GPUs
+real pods hold or wait for (shared GPUs as their shares; pending Kueue Workloads' too).
+What Kubernetes shows comes from the one cluster snapshot (`scaler.kube.observed`), kept
+in the view for the loop's reactive floor and placeholder sizing.
 
 Without Kubernetes the view has only the provider's nodes.
 """
@@ -28,7 +28,13 @@ from predictor.telemetry.kube_objects import KUBE_NAMES, KubeNames
 from scaler.cluster.job import Job
 from scaler.cluster.snapshot import ClusterState
 from scaler.controller.removal_order import RemovalCandidate, removal_order
-from scaler.kube.observed import ObserveCluster, ObservedCluster, observe_cluster
+from scaler.kube.nodes import OTHERS_CORDON
+from scaler.kube.observed import (
+    ObserveCluster,
+    ObservedCluster,
+    ObservedNode,
+    observe_cluster,
+)
 from scaler.placement.decision import Placement
 from scaler.placement.engine import commit, place
 from scaler.placement.policies.base import Policy
@@ -50,7 +56,7 @@ class FleetNode:
     busy: bool = False  # real GPU pods run here
     movable_pods: int = 0  # real pods a drain would evict
     cordoned_by_us: bool = False
-    drainable: bool | None = None  # the scale-down check's answer; None: not checked
+    drainable: bool | None = None  # may it go (the scale-down check, or a reason before it)
     check: str = ""  # why, in its words
 
     @property
@@ -258,7 +264,7 @@ def observe_fleet(
         views = []
         for n in found:
             kube = by_cloud.get(n.name)
-            undrainable = kube.undrainable if kube is not None else None
+            kept = _kept(kube) if kube is not None else None
             views.append(
                 FleetNode(
                     cloud_name=n.name,
@@ -269,10 +275,18 @@ def observe_fleet(
                     busy=kube is not None and kube.busy,
                     movable_pods=kube.movable_pods if kube is not None else 0,
                     cordoned_by_us=kube is not None and kube.draining,
-                    # A pod no drain may take keeps the node, before any check.
-                    drainable=False if undrainable else None,
-                    check=undrainable or "",
+                    drainable=False if kept else None,
+                    check=kept or "",
                 )
             )
         nodes[pool] = tuple(views)
     return ObservedFleet(nodes, targets, used, kubernetes=True, cluster=cluster)
+
+
+def _kept(node: ObservedNode) -> str | None:
+    """Why `node` may not go, whatever the scale-down check would say: someone else
+    cordoned it (theirs to undo; gpuscale neither takes it nor uncordons it), or a pod
+    there may not be drained."""
+    if node.cordoned and not node.draining:
+        return OTHERS_CORDON
+    return node.undrainable

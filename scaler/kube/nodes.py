@@ -3,7 +3,8 @@
 `NodeRemoval.remove(node)` runs the three steps in order and each is idempotent, so the flow
 resumes wherever a crash left it: a node gpuscale cordoned carries an annotation saying so;
 a drain lists what is still on the node and evicts it again; a node whose instance the cloud
-no longer holds has already been deleted.
+no longer holds has already been deleted. A node someone else cordoned is theirs: it is
+refused untouched, and gpuscale never marks it or uncordons it.
 
 The drain evicts placeholder pods first (they only hold capacity) and leaves DaemonSet and
 mirror pods (they go with the node) and finished pods alone. As Cluster Autoscaler, it
@@ -45,6 +46,9 @@ from scaler.providers.base import CloudProvider, ProviderError
 class DrainSettings:
     timeout_s: float = 600.0
     poll_s: float = 5.0
+
+
+OTHERS_CORDON = "cordoned by someone else (unschedulable without gpuscale's marker)"
 
 
 class RemovalStatus(StrEnum):
@@ -114,6 +118,8 @@ class NodeRemoval:
             return RemovalOutcome(node_name, RemovalStatus.REMOVED, "the node is gone")
         cloud_name = node.cloud_name
         ours = self._marker in node.annotations
+        if node.unschedulable and not ours:
+            return RemovalOutcome(node_name, RemovalStatus.REFUSED, OTHERS_CORDON, cloud_name)
         group = self._provider.node_group_for(cloud_name)
         if group is None:
             if ours:  # a removal that got as far as the provider before a restart
@@ -149,20 +155,23 @@ class NodeRemoval:
             node_name, RemovalStatus.REMOVED, f"deleted from node group {group.id()}", cloud_name
         )
 
-    def cordon(self, node_name: str) -> None:
+    def cordon(self, node_name: str) -> bool:
         """Mark the node unschedulable, noting that gpuscale did it (once: a cordoned node
-        keeps the time its removal started)."""
+        keeps the time its removal started). False, the node untouched, when someone else
+        cordoned it: their cordon is theirs to undo, so gpuscale never marks it its own."""
         node = self._read_node(node_name)
         if node is None:
             raise KubeError(f"cordon {node_name}: no such node")
-        if node.unschedulable and self._marker in node.annotations:
-            return
+        ours = self._marker in node.annotations
+        if node.unschedulable:
+            return ours
         started = node.annotations.get(self._marker) or datetime.now(UTC).isoformat()
         body = {
             "metadata": {"annotations": {self._marker: started}},
             "spec": {"unschedulable": True},
         }
         self._patch_node(node_name, body, "cordon")
+        return True
 
     def uncordon(self, node_name: str) -> None:
         """Undo a cordon that gpuscale made (one made by someone else is left alone)."""
