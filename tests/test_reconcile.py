@@ -45,11 +45,21 @@ class Crash(Exception):
     """Stands in for a kill at a pause point."""
 
 
-def config(tmp_path: Path, nodes: int = 2, boot_s: float = 0.0, **extra: Any) -> LiveConfig:
+def config(
+    tmp_path: Path,
+    nodes: int = 2,
+    boot_s: float = 0.0,
+    scale_down: str | None = None,
+    **extra: Any,
+) -> LiveConfig:
     return LiveConfig(
         state_dir=tmp_path / "state",
         pools=[pool(min_size=1) | {"boot_seconds": boot_s}],
-        provider={"kind": "simulated", "simulated": {"initial_sizes": {"a100": nodes}}},
+        provider={
+            "kind": "simulated",
+            "simulated": {"initial_sizes": {"a100": nodes}},
+            "scale_down": scale_down,
+        },
         model={"name": "persistence"},
         policy=fast_policy(60.0),
         demand={"stale_after_s": 300},
@@ -479,6 +489,7 @@ def kube_cluster(
     gpus: float = 8.0,
     mix: list[dict] | None = None,
     boot_s: float = 0.0,
+    scale_down: str | None = None,
     **kube: Any,
 ) -> Reconciler:
     """The loop on the simulated cloud with `nodes` ready a100 nodes, each registered in
@@ -489,6 +500,7 @@ def kube_cluster(
         tmp_path,
         nodes=nodes,
         boot_s=boot_s,
+        scale_down=scale_down,
         kubernetes={"host": fake.url, "drain": {"timeout_s": 0.5, "poll_s": 0.02}} | kube,
         lease={"enabled": False},
         placement=placement,
@@ -671,3 +683,28 @@ def test_a_node_someone_else_cordoned_is_neither_removed_nor_uncordoned(
     assert outcome.decision.removals == () and outcome.actions == []
     assert kube_names_of(r) == [busy, held]
     assert fake.get("nodes", held)["spec"]["unschedulable"] is True
+
+
+@pytest.mark.parametrize("scale_down", ["drain", "none"])
+def test_every_node_gpuscale_cordoned_and_keeps_is_uncordoned(
+    tmp_path: Path, fake: Any, scale_down: str
+) -> None:
+    """gpuscale's cordon marker is left on a node of the pool (a removal a restart cut
+    short, now busy) and on a node of a pool no longer configured (the config changed, or
+    the mode: scale_down none now). Nobody else would undo those cordons: the pass does."""
+    r = kube_cluster(tmp_path, fake, nodes=1, pre_position=False, scale_down=scale_down)
+    (node,) = kube_names_of(r)
+    fake.create("pods", kube_pod("train", node, gpus=8))
+    fake.create("nodes", kube_node("old-v100", pool="v100"))
+    marker = {"metadata": {"annotations": {KUBE_NAMES.removal_annotation: "2025-03-01T11:00:00"}}}
+    for name in (node, "old-v100"):
+        fake.patch("nodes", name, marker | {"spec": {"unschedulable": True}})
+
+    outcome = r.iterate(apply=True)
+    uncordoned = sorted(a["node"] for a in outcome.actions if a["action"] == "uncordon")
+    assert uncordoned == sorted([node, "old-v100"])
+    assert all(a["status"] == "done" for a in outcome.actions)
+    for name in (node, "old-v100"):
+        after = fake.get("nodes", name)
+        assert not after["spec"].get("unschedulable")
+        assert KUBE_NAMES.removal_annotation not in (after["metadata"].get("annotations") or {})

@@ -9,8 +9,9 @@ the cluster say now, so the loop is safe to kill and restart at any moment:
 - Every action is journaled as pending before it is carried out and completed after. A
   restart resolves what it finds pending against the cloud (a size already reached is
   marked done, anything else is re-planned) before deciding anything.
-- Node removals resume: a node gpuscale cordoned is the first candidate again, and a node
-  it cordoned that is no longer to go is uncordoned.
+- Node removals resume: a node gpuscale cordoned is the first candidate again, and any
+  node carrying its cordon marker that is no longer to go is uncordoned (in every
+  scale-down mode, in a pool no longer configured too).
 - Missing or stale telemetry, or a forecast that failed, never leads to a scale-down: the
   pool holds its size and the decision records why.
 - Pods waiting now are capacity needed now: the reactive floor (Cluster Autoscaler's
@@ -74,7 +75,7 @@ from scaler.kube.errors import KubeError
 from scaler.kube.kueue import with_queue
 from scaler.kube.nodes import DrainSettings, NodeRemoval, RemovalStatus
 from scaler.kube.objects import job_of, parse_taint
-from scaler.kube.observed import ObserveCluster, observe_cluster
+from scaler.kube.observed import ObserveCluster, ObservedNode, observe_cluster
 from scaler.kube.placeholders import (
     PlaceholderDemand,
     Placeholders,
@@ -347,6 +348,16 @@ def choose_removals(
 ) -> list[FleetNode]:
     """The nodes of `pool` to take out, in the one removal order (`removal_order`)."""
     return [c.key for c in removal_order(fleet.removal_candidates(pool, unremovable), count)]
+
+
+def stale_cordons(fleet: ObservedFleet, removals: Sequence[Removal]) -> list[ObservedNode]:
+    """The nodes carrying gpuscale's cordon marker that this pass does not remove, to be
+    uncordoned: whatever the scale-down mode now and whether their pool is still configured,
+    the marker says gpuscale made the cordon, and nobody else would undo it."""
+    if fleet.cluster is None:
+        return []
+    removing = {r.kube_name for r in removals}
+    return [n for n in fleet.cluster.nodes.values() if n.draining and n.name not in removing]
 
 
 def pool_room(
@@ -774,14 +785,10 @@ class Reconciler:
             wanted = decision.desired[pool.name]
             if provider.sets_sizes and wanted > target and pool.name in groups:
                 outcome.actions.append(self._grow(decision_id, groups[pool.name], target, wanted))
-        chosen = {r.cloud_name for r in decision.removals}
         for removal in decision.removals:
             outcome.actions.append(self._remove(decision_id, removal))
-        for node in decision.fleet.all_nodes():
-            if provider.scale_down != "drain":
-                break  # gpuscale cordons nothing: whatever is cordoned is another's doing
-            if node.cordoned_by_us and node.cloud_name not in chosen and node.kube_name:
-                outcome.actions.append(self._uncordon(decision_id, node))
+        for node in stale_cordons(decision.fleet, decision.removals):
+            outcome.actions.append(self._uncordon(decision_id, node))
         kube = self.config.kubernetes
         if kube is not None and self.system.kube is not None:
             self._pre_position(decision, decision_id, outcome, kube)
@@ -907,16 +914,14 @@ class Reconciler:
         log_.complete(action, status, why)
         return entry | {"status": status, "result": why}
 
-    def _uncordon(self, decision_id: int, node: FleetNode) -> dict[str, Any]:
+    def _uncordon(self, decision_id: int, node: ObservedNode) -> dict[str, Any]:
         self._check_leader()
-        assert self.system.kube is not None and node.kube_name is not None
+        assert self.system.kube is not None
         log_ = self.system.log
-        action = log_.begin(decision_id, node.pool, "uncordon", node.cloud_name, {})
+        action = log_.begin(decision_id, node.pool or "", "uncordon", node.cloud_name, {})
         try:
             names = kube_names(self.config.kubernetes)
-            NodeRemoval(self.system.kube, self.system.provider, names=names).uncordon(
-                node.kube_name
-            )
+            NodeRemoval(self.system.kube, self.system.provider, names=names).uncordon(node.name)
         except KubeError as exc:
             log_.complete(action, "failed", str(exc))
             return {"action": "uncordon", "node": node.cloud_name, "status": "failed"} | {
