@@ -203,8 +203,9 @@ def test_a_drained_kubernetes_node_is_the_instance_that_goes(aws: Aws) -> None:
             spec = {"providerID": cloud.provider_id(instance)}
             fake.create("nodes", {"metadata": {"name": f"ip-10-0-0-{i}"}, "spec": spec})
         containers = [{"name": "main", "image": "busybox"}]
+        owner = {"apiVersion": "batch/v1", "kind": "Job", "name": "job", "uid": "u"}
         pod = {
-            "metadata": {"name": "job"},
+            "metadata": {"name": "job", "ownerReferences": [owner | {"controller": True}]},
             "spec": {"nodeName": "ip-10-0-0-1", "containers": containers},
         }
         fake.create("pods", {**pod, "status": {"phase": "Running"}})

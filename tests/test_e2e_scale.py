@@ -133,7 +133,8 @@ def test_demand_up_scales_the_group_and_pre_positions_then_down_drains_and_shrin
         state_dir,
         kubernetes={
             "host": fake.url,
-            "drain": {"timeout_s": 0.3, "poll_s": 0.05, "unremovable_s": 600},
+            # All four surplus nodes in one pass (the default cap is 3).
+            "drain": {"timeout_s": 0.3, "poll_s": 0.05, "unremovable_s": 600, "max_nodes": 4},
         },
         lease={"identity": "e2e", "duration_s": 5, "renew_deadline_s": 4, "retry_s": 1},
         placement={"mix": [{"num_gpu": 8}]},  # whole-node jobs: placeholders of 8 GPUs

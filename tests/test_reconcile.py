@@ -708,3 +708,60 @@ def test_every_node_gpuscale_cordoned_and_keeps_is_uncordoned(
         after = fake.get("nodes", name)
         assert not after["spec"].get("unschedulable")
         assert KUBE_NAMES.removal_annotation not in (after["metadata"].get("annotations") or {})
+
+
+def test_a_pass_cordons_every_node_it_removes_before_draining_and_skips_one_pods_reached(
+    tmp_path: Path, fake: Any
+) -> None:
+    """Demand wants one node of three; the two light ones go in one pass. Both are
+    cordoned before the first eviction, so nothing one drain evicts can land on the other.
+    A pod that reaches the second after the decision (before its cordon) was never checked
+    to fit elsewhere: that node is skipped and serves again, the pod untouched."""
+    r = kube_cluster(tmp_path, fake, nodes=3, pre_position=False)
+    busy, *light = kube_names_of(r)
+    fake.create("pods", kube_pod("train", busy, gpus=8, cpu="80"))
+    for i, node in enumerate(light):
+        fake.create("pods", kube_pod(f"web-{i}", node))
+    first, second = (x.cloud_name for x in r.iterate(apply=False).decision.removals)
+    journaled = []
+
+    def a_pod_arrives(point: str) -> None:
+        journaled.append(point == "journaled")
+        if journaled[-1] and sum(journaled) == 2:  # the second removal, not yet cordoned
+            fake.create("pods", kube_pod("late", second))
+
+    r.pause = a_pod_arrives
+    outcome = r.iterate(apply=True)
+    statuses = {a["node"]: a["status"] for a in outcome.actions if a["action"] == "remove_node"}
+    assert statuses == {first: "done", second: "skipped"}
+    (skipped,) = [a for a in outcome.actions if a["node"] == second]
+    assert "pods arrived since the scale-down check: ml/late" in skipped["result"]
+    cordon_second = next(
+        i for i, (m, p) in enumerate(fake.requests) if m == "PATCH" and p.endswith(second)
+    )
+    first_eviction = next(i for i, (m, p) in enumerate(fake.requests) if p.endswith("/eviction"))
+    assert cordon_second < first_eviction
+    assert kube_names_of(r) == sorted([busy, second])
+    left = fake.get("nodes", second)
+    assert not left["spec"].get("unschedulable")
+    assert KUBE_NAMES.removal_annotation not in (left["metadata"].get("annotations") or {})
+    on_second = [p["metadata"]["name"] for p in fake.objects("pods", "ml")]
+    assert "late" in on_second and f"web-{light.index(second)}" in on_second
+    assert r.system.log.load("unremovable", {}) == {}  # checked afresh next pass
+
+
+def test_a_pass_removes_at_most_max_nodes_registered_nodes(tmp_path: Path, fake: Any) -> None:
+    """Four idle nodes of five are surplus, the cap is two: two go this pass, the others
+    are left serving (not cordoned) for the next pass to check again."""
+    drain = {"timeout_s": 0.5, "poll_s": 0.02, "max_nodes": 2}
+    r = kube_cluster(tmp_path, fake, nodes=5, pre_position=False, drain=drain)
+    busy = kube_names_of(r)[0]
+    fake.create("pods", kube_pod("train", busy, gpus=8))
+    outcome = r.iterate(apply=True)
+    d = outcome.decision
+    assert d.desired == {"a100": 1} and len(d.removals) == 2
+    assert [a["status"] for a in outcome.actions] == ["done", "done"]
+    kept = kube_names_of(r)
+    assert len(kept) == 3
+    assert not any(fake.get("nodes", n)["spec"].get("unschedulable") for n in kept)
+    assert len(r.iterate(apply=True).decision.removals) == 2

@@ -132,6 +132,15 @@ class DrainSection(_Section):
     unremovable_s: float = Field(
         default=600.0, ge=0, description="a node whose drain was blocked is not chosen again"
     )
+    max_nodes: int = Field(
+        default=3,
+        ge=1,
+        description="registered nodes one pass removes at most (nodes not registered yet,"
+        " with nothing to drain, aside); the rest of the surplus waits for the next pass,"
+        " checked on what the cluster shows then. Drains run one after another, each up to"
+        " timeout_s, and no scale-up is planned until the pass ends: 3 holds a pass to"
+        " about 3 x timeout_s, while idle nodes, which drain at once, still go 3 a pass",
+    )
 
 
 class KubernetesSection(KubernetesSettings):

@@ -55,6 +55,7 @@ class FleetNode:
     kube_name: str | None = None
     busy: bool = False  # real GPU pods run here
     movable_pods: int = 0  # real pods a drain would evict
+    pods: tuple[str, ...] = ()  # which (ids): the pods its scale-down check found room for
     cordoned_by_us: bool = False
     drainable: bool | None = None  # may it go (the scale-down check, or a reason before it)
     check: str = ""  # why, in its words
@@ -274,6 +275,7 @@ def observe_fleet(
                     kube_name=kube.name if kube is not None else None,
                     busy=kube is not None and kube.busy,
                     movable_pods=kube.movable_pods if kube is not None else 0,
+                    pods=kube.pods if kube is not None else (),
                     cordoned_by_us=kube is not None and kube.draining,
                     drainable=False if kept else None,
                     check=kept or "",

@@ -31,7 +31,7 @@ from predictor.foundation.json_values import json_value
 from predictor.foundation.sqlite_db import SqliteFile
 
 FILENAME = "decisions.sqlite"
-ActionStatus = Literal["pending", "done", "failed", "blocked", "superseded"]
+ActionStatus = Literal["pending", "done", "failed", "blocked", "skipped", "superseded"]
 
 _SCHEMA = """
 CREATE TABLE IF NOT EXISTS decisions (

@@ -73,7 +73,7 @@ from scaler.kube.capacity_buffers import (
 )
 from scaler.kube.errors import KubeError
 from scaler.kube.kueue import with_queue
-from scaler.kube.nodes import DrainSettings, NodeRemoval, RemovalStatus
+from scaler.kube.nodes import DrainSettings, NodeRemoval, RemovalOutcome, RemovalStatus
 from scaler.kube.objects import job_of, parse_taint
 from scaler.kube.observed import ObserveCluster, ObservedNode, observe_cluster
 from scaler.kube.placeholders import (
@@ -155,6 +155,7 @@ class Removal:
     cloud_name: str
     kube_name: str | None
     booting: bool
+    pods: tuple[str, ...] = ()  # the pods the scale-down check found room for, by id
 
     def to_dict(self) -> dict[str, object]:
         return {
@@ -350,14 +351,37 @@ def choose_removals(
     return [c.key for c in removal_order(fleet.removal_candidates(pool, unremovable), count)]
 
 
+def within_cap(removals: Sequence[Removal], max_nodes: int) -> list[Removal]:
+    """The removals a pass carries out: the first `max_nodes` registered nodes in the
+    removal order, and every node not registered (no pod there to drain). The rest of
+    the surplus waits for a later pass, checked again on what the cluster shows then."""
+    kept, drained = [], 0
+    for removal in removals:
+        if removal.kube_name is not None:
+            if drained == max_nodes:
+                continue
+            drained += 1
+        kept.append(removal)
+    return kept
+
+
 def stale_cordons(fleet: ObservedFleet, removals: Sequence[Removal]) -> list[ObservedNode]:
     """The nodes carrying gpuscale's cordon marker that this pass does not remove, to be
     uncordoned: whatever the scale-down mode now and whether their pool is still configured,
-    the marker says gpuscale made the cordon, and nobody else would undo it."""
+    the marker says gpuscale made the cordon, and nobody else would undo it. A node of a
+    configured pool whose instance the provider no longer lists is left as it is: its
+    removal went through, and the Node object is on its way out."""
     if fleet.cluster is None:
         return []
     removing = {r.kube_name for r in removals}
-    return [n for n in fleet.cluster.nodes.values() if n.draining and n.name not in removing]
+    listed = {n.cloud_name for n in fleet.all_nodes()}
+    return [
+        n
+        for n in fleet.cluster.nodes.values()
+        if n.draining
+        and n.name not in removing
+        and (n.pool not in fleet.nodes or n.cloud_name in listed)
+    ]
 
 
 def pool_room(
@@ -667,7 +691,9 @@ class Reconciler:
         for pool in cfg.pools:
             surplus = len(fleet.nodes.get(pool.name, ())) - desired[pool.name]
             for node in choose_removals(fleet, pool.name, surplus, unremovable):
-                removals.append(Removal(pool.name, node.cloud_name, node.kube_name, node.booting))
+                removals.append(
+                    Removal(pool.name, node.cloud_name, node.kube_name, node.booting, node.pods)
+                )
         # Whoever removes them, no spare room is held on the nodes the plan lets go.
         removed = frozenset(r.cloud_name for r in removals)
         estimate = reactive.demand.estimate if reactive is not None else None
@@ -692,6 +718,8 @@ class Reconciler:
         left: list[Removal] = []
         if cfg.provider.scale_down == "none":
             removals, left = [], removals
+        elif kube is not None:
+            removals = within_cap(removals, kube.drain.max_nodes)
         return PassDecision(
             at=now,
             step=step,
@@ -785,8 +813,7 @@ class Reconciler:
             wanted = decision.desired[pool.name]
             if provider.sets_sizes and wanted > target and pool.name in groups:
                 outcome.actions.append(self._grow(decision_id, groups[pool.name], target, wanted))
-        for removal in decision.removals:
-            outcome.actions.append(self._remove(decision_id, removal))
+        self._remove_all(decision_id, decision.removals, outcome)
         for node in stale_cordons(decision.fleet, decision.removals):
             outcome.actions.append(self._uncordon(decision_id, node))
         kube = self.config.kubernetes
@@ -874,44 +901,108 @@ class Reconciler:
         log_.complete(action, "done", why)
         return {"action": "set_target", "node": pool, "status": "done", "result": why}
 
-    def _remove(self, decision_id: int, removal: Removal) -> dict[str, Any]:
-        self._check_leader()
-        log_ = self.system.log
-        action = log_.begin(
+    def _remove_all(
+        self, decision_id: int, removals: Sequence[Removal], outcome: PassOutcome
+    ) -> None:
+        """Take the pass's nodes out. Those gpuscale drains are all cordoned before the
+        first drain starts, so what one drain evicts, or a new pod, lands on no node about
+        to go; each is then drained and deleted in turn (`NodeRemoval.finish`), or skipped
+        when pods arrived since the scale-down check. The others the provider deletes."""
+        kube = self.config.kubernetes
+        drains = self.config.provider.scale_down == "drain"
+        if not (drains and kube is not None and self.system.kube is not None):
+            outcome.actions.extend(self._delete(decision_id, r) for r in removals)
+            return
+        removing = NodeRemoval(
+            self.system.kube,
+            self.system.provider,
+            DrainSettings(kube.drain.timeout_s, kube.drain.poll_s),
+            names=kube_names(kube),
+        )
+        cordoned: list[tuple[Removal, int]] = []
+        for removal in removals:
+            if removal.kube_name is None:  # not registered: nothing there to drain
+                outcome.actions.append(self._delete(decision_id, removal))
+                continue
+            self._check_leader()
+            action = self._begin_removal(decision_id, removal)
+            try:
+                refused = removing.prepare(removal.kube_name)
+            except KubeError as exc:
+                outcome.actions.append(self._settle(removing, removal, action, exc))
+                continue
+            if refused is None:
+                cordoned.append((removal, action))
+            else:
+                outcome.actions.append(self._settle(removing, removal, action, refused))
+        while cordoned:
+            removal, action = cordoned[0]
+            assert removal.kube_name is not None
+            result: RemovalOutcome | Exception
+            try:
+                result = removing.finish(removal.kube_name, frozenset(removal.pods))
+            except (ProviderError, KubeError) as exc:
+                result = exc
+            cordoned.pop(0)
+            outcome.actions.append(self._settle(removing, removal, action, result))
+
+    def _begin_removal(self, decision_id: int, removal: Removal) -> int:
+        action = self.system.log.begin(
             decision_id, removal.pool, "remove_node", removal.cloud_name, removal.to_dict()
         )
         self.pause("journaled")
+        return action
+
+    def _settle(
+        self,
+        removing: NodeRemoval,
+        removal: Removal,
+        action: int,
+        result: RemovalOutcome | Exception,
+    ) -> dict[str, Any]:
+        """Journal how a drained removal ended; a node that did not go serves again."""
+        assert removal.kube_name is not None
         entry: dict[str, Any] = {"action": "remove_node", "node": removal.cloud_name}
         entry["kube_node"] = removal.kube_name
-        kube = self.config.kubernetes
-        drains = self.config.provider.scale_down == "drain"
-        try:
-            if drains and removal.kube_name is not None and self.system.kube is not None and kube:
-                drain = DrainSettings(kube.drain.timeout_s, kube.drain.poll_s)
-                removing = NodeRemoval(
-                    self.system.kube, self.system.provider, drain, names=kube_names(kube)
-                )
-                result = removing.remove(removal.kube_name)
-                status, why = _status_of(result.status), result.reason
-                if result.status is not RemovalStatus.REMOVED:
-                    # A node that could not go serves again; it is not tried for a while.
-                    removing.uncordon(removal.kube_name)
-                    self._mark_unremovable(removal.cloud_name)
+        if isinstance(result, Exception):
+            status, why = "failed", str(result)
+        else:
+            status, why = _status_of(result.status), result.reason
+            if result.status is not RemovalStatus.REMOVED:
+                if result.blocking:
                     entry["blocking"] = [
                         {"pod": f"{b.namespace}/{b.name}", "budget": b.budget, "reason": b.reason}
                         for b in result.blocking
                     ]
+                try:
+                    removing.uncordon(removal.kube_name)
+                except KubeError as exc:
+                    status, why = "failed", f"{why}; then {exc}"
+                # Pods that arrived are checked next pass; a refusal or block lasts a while.
+                if result.status is not RemovalStatus.SKIPPED:
+                    self._mark_unremovable(removal.cloud_name)
+        self.pause("acted")
+        self.system.log.complete(action, status, why)
+        return entry | {"status": status, "result": why}
+
+    def _delete(self, decision_id: int, removal: Removal) -> dict[str, Any]:
+        """A node the provider takes out as it is: not registered, or drained by the
+        provider itself (scale_down: provider), or no cluster to drain it in."""
+        self._check_leader()
+        action = self._begin_removal(decision_id, removal)
+        entry: dict[str, Any] = {"action": "remove_node", "node": removal.cloud_name}
+        entry["kube_node"] = removal.kube_name
+        try:
+            group = self.system.provider.node_group_for(removal.cloud_name)
+            if group is None:
+                status, why = "done", "the cloud no longer holds it"
             else:
-                group = self.system.provider.node_group_for(removal.cloud_name)
-                if group is None:
-                    status, why = "done", "the cloud no longer holds it"
-                else:
-                    group.delete_nodes([removal.cloud_name])
-                    status, why = "done", f"deleted from node group {group.id()}"
+                group.delete_nodes([removal.cloud_name])
+                status, why = "done", f"deleted from node group {group.id()}"
         except (ProviderError, KubeError) as exc:
             status, why = "failed", str(exc)
         self.pause("acted")
-        log_.complete(action, status, why)
+        self.system.log.complete(action, status, why)
         return entry | {"status": status, "result": why}
 
     def _uncordon(self, decision_id: int, node: ObservedNode) -> dict[str, Any]:
@@ -956,4 +1047,5 @@ def _status_of(status: RemovalStatus) -> str:
         RemovalStatus.REMOVED: "done",
         RemovalStatus.BLOCKED: "blocked",
         RemovalStatus.REFUSED: "failed",
+        RemovalStatus.SKIPPED: "skipped",
     }[status]

@@ -1,10 +1,13 @@
 """Taking a node out: cordon, drain through the Eviction API, then the provider deletes it.
 
-`NodeRemoval.remove(node)` runs the three steps in order and each is idempotent, so the flow
-resumes wherever a crash left it: a node gpuscale cordoned carries an annotation saying so;
-a drain lists what is still on the node and evicts it again; a node whose instance the cloud
-no longer holds has already been deleted. A node someone else cordoned is theirs: it is
-refused untouched, and gpuscale never marks it or uncordons it.
+`NodeRemoval.remove(node)` runs the three steps in order (`prepare` cordons, `finish`
+drains and deletes, so a caller removing several nodes cordons them all before the first
+drain, and `finish` skips a node pods arrived on since the caller checked it) and each is
+idempotent, so the flow resumes wherever a crash left it: a node gpuscale cordoned carries
+an annotation saying so; a drain lists what is still on the node and evicts it again; a
+node whose instance the cloud no longer holds has already been deleted. A node someone
+else cordoned is theirs: it is refused untouched, and gpuscale never marks it or uncordons
+it.
 
 The drain evicts placeholder pods first (they only hold capacity) and leaves DaemonSet and
 mirror pods (they go with the node) and finished pods alone. As Cluster Autoscaler, it
@@ -39,7 +42,7 @@ from predictor.telemetry.kube_objects import (
 )
 from scaler.kube.errors import API_ERRORS, KubeError, Refusal, kube_call, kube_error
 from scaler.kube.evictions import BlockingPod, request_eviction
-from scaler.providers.base import CloudProvider, ProviderError
+from scaler.providers.base import CloudProvider, NodeGroup, ProviderError
 
 
 @dataclass(frozen=True)
@@ -55,6 +58,7 @@ class RemovalStatus(StrEnum):
     REMOVED = "removed"  # the provider deleted the node (or already had)
     BLOCKED = "blocked"  # cordoned, but pods would not leave before the timeout
     REFUSED = "refused"  # not touched: no group holds it, or its group is at min size
+    SKIPPED = "skipped"  # cordoned, then pods arrived that no check found room for
 
 
 @dataclass(frozen=True, slots=True)
@@ -82,6 +86,17 @@ def why_undrainable(pod: PodRequest) -> str | None:
     if pod.controller_uid is None and not pod.evict_anyway:
         return f"pod {pod.id} has no controller to recreate it"
     return None
+
+
+@dataclass(frozen=True, slots=True)
+class _Held:
+    cloud_name: str
+    group: NodeGroup
+
+
+def arrived(pods: Iterable[PodRequest], seen: frozenset[str]) -> list[str]:
+    """The real pods a drain would evict that are not among `seen` (ids), sorted."""
+    return sorted(p.id for p in eviction_order(pods) if not p.placeholder and p.id not in seen)
 
 
 def eviction_order(pods: Iterable[PodRequest]) -> list[PodRequest]:
@@ -112,7 +127,62 @@ class NodeRemoval:
         self._names = names
         self._marker = names.removal_annotation  # on the nodes gpuscale cordoned to remove
 
-    def remove(self, node_name: str) -> RemovalOutcome:
+    def remove(self, node_name: str, seen: frozenset[str] | None = None) -> RemovalOutcome:
+        """Cordon, drain and delete one node: `prepare`, then `finish`."""
+        return self.prepare(node_name) or self.finish(node_name, seen)
+
+    def prepare(self, node_name: str) -> RemovalOutcome | None:
+        """Refuse the node (see `_group_of`), or cordon it: None when it is cordoned and
+        `finish` may take it on. A pass removing several nodes cordons them all first, so
+        what one drain evicts, or a new pod, cannot land on a node about to go."""
+        found = self._group_of(node_name)
+        if isinstance(found, RemovalOutcome):
+            return found
+        if not self.cordon(node_name):  # someone cordoned it since it was read
+            return RemovalOutcome(node_name, RemovalStatus.REFUSED, OTHERS_CORDON)
+        return None
+
+    def finish(self, node_name: str, seen: frozenset[str] | None = None) -> RemovalOutcome:
+        """Drain a node `prepare` cordoned and have the provider delete it. Its pods are
+        read again first: a real pod not among `seen` (the pods the scale-down check found
+        room for; None: no check to hold the node to) arrived since, and nothing checked
+        that it fits elsewhere, so the node is SKIPPED, still cordoned, for the caller to
+        uncordon. The refusals are checked again too: another removal of the pass may
+        have brought the group to its min size."""
+        found = self._group_of(node_name)
+        if isinstance(found, RemovalOutcome):
+            return found
+        if seen is not None and (new := arrived(self._pods_on(node_name), seen)):
+            why = "no longer removable: pods arrived since the scale-down check: "
+            return RemovalOutcome(
+                node_name, RemovalStatus.SKIPPED, why + ", ".join(new), found.cloud_name
+            )
+        blocking = self.drain(node_name)
+        if blocking:
+            names = ", ".join(f"{b.namespace}/{b.name}" for b in blocking)
+            return RemovalOutcome(
+                node_name,
+                RemovalStatus.BLOCKED,
+                # Each blocking pod says why: a refused eviction, or no drain may take it.
+                f"pods would not leave (drain timeout {self.settings.timeout_s:g} s): {names}",
+                found.cloud_name,
+                blocking,
+            )
+        group = found.group
+        try:
+            group.delete_nodes([found.cloud_name])
+        except ProviderError as exc:
+            return RemovalOutcome(node_name, RemovalStatus.REFUSED, str(exc), found.cloud_name)
+        return RemovalOutcome(
+            node_name,
+            RemovalStatus.REMOVED,
+            f"deleted from node group {group.id()}",
+            found.cloud_name,
+        )
+
+    def _group_of(self, node_name: str) -> _Held | RemovalOutcome:
+        """The node's group, or the outcome that settles it without one: gone already;
+        someone else's cordon; no group holds it; its group at its min size."""
         node = self._read_node(node_name)
         if node is None:
             return RemovalOutcome(node_name, RemovalStatus.REMOVED, "the node is gone")
@@ -136,24 +206,7 @@ class NodeRemoval:
                 f"node group {group.id()} is at its min size {group.min_size()}",
                 cloud_name,
             )
-        self.cordon(node_name)
-        blocking = self.drain(node_name)
-        if blocking:
-            names = ", ".join(f"{b.namespace}/{b.name}" for b in blocking)
-            return RemovalOutcome(
-                node_name,
-                RemovalStatus.BLOCKED,
-                f"pods did not leave within {self.settings.timeout_s:g} s: {names}",
-                cloud_name,
-                blocking,
-            )
-        try:
-            group.delete_nodes([cloud_name])
-        except ProviderError as exc:
-            return RemovalOutcome(node_name, RemovalStatus.REFUSED, str(exc), cloud_name)
-        return RemovalOutcome(
-            node_name, RemovalStatus.REMOVED, f"deleted from node group {group.id()}", cloud_name
-        )
+        return _Held(cloud_name, group)
 
     def cordon(self, node_name: str) -> bool:
         """Mark the node unschedulable, noting that gpuscale did it (once: a cordoned node

@@ -68,6 +68,7 @@ class ObservedNode:
     gpu_pods: int = 0  # real pods holding GPUs here
     gpus_used: float = 0.0  # GPUs real pods hold here (shares as shares, MIG as equivalents)
     undrainable: str | None = None  # why no drain may empty it (`nodes.why_undrainable`)
+    pods: tuple[str, ...] = ()  # the real pods a drain would evict, by id
 
     @property
     def busy(self) -> bool:
@@ -120,7 +121,7 @@ def observed_cluster(
     taints = frozenset(t for s in specs.values() for t in s.taints)
     node_taints = _taints(facts)
 
-    movable: dict[str, int] = {}
+    movable: dict[str, list[str]] = {}
     gpu_pods: dict[str, int] = {}
     used: dict[str, float] = {}
     undrainable: dict[str, str] = {}
@@ -146,7 +147,7 @@ def observed_cluster(
         if why is not None:
             undrainable.setdefault(pod.node, why)
         if not pod.placeholder:
-            movable[pod.node] = movable.get(pod.node, 0) + 1
+            movable.setdefault(pod.node, []).append(pod.id)
             if pod.gpus or pod.mig:
                 gpu_pods[pod.node] = gpu_pods.get(pod.node, 0) + 1
                 used[pod.node] = used.get(pod.node, 0.0) + pod.gpu_demand
@@ -158,10 +159,11 @@ def observed_cluster(
             pool=node.pool,
             cordoned=node.unschedulable,
             draining=names.removal_annotation in node.annotations,
-            movable_pods=movable.get(name, 0),
+            movable_pods=len(movable.get(name, ())),
             gpu_pods=gpu_pods.get(name, 0),
             gpus_used=used.get(name, 0.0),
             undrainable=undrainable.get(name),
+            pods=tuple(sorted(movable.get(name, ()))),
         )
         for name, (node, cloud) in facts.items()
     }
