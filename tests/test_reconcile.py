@@ -765,3 +765,57 @@ def test_a_pass_removes_at_most_max_nodes_registered_nodes(tmp_path: Path, fake:
     assert len(kept) == 3
     assert not any(fake.get("nodes", n)["spec"].get("unschedulable") for n in kept)
     assert len(r.iterate(apply=True).decision.removals) == 2
+
+
+def test_a_leader_that_loses_its_lease_mid_drain_stops_and_uncordons(
+    tmp_path: Path, fake: Any
+) -> None:
+    """Two light nodes go in one pass; the lease lapses while the first drains (its pod's
+    budget refuses the eviction, so the drain polls). The drain stops at its next round:
+    nothing more is evicted, the provider is not asked, and both cordoned nodes serve
+    again."""
+    from kubernetes import client as k8s
+
+    from scaler.controller.config import LeaseSection
+    from scaler.controller.leader import LeaderElector
+
+    r = kube_cluster(tmp_path, fake, nodes=3, pre_position=False)
+    busy, *light = kube_names_of(r)
+    fake.create("pods", kube_pod("train", busy, gpus=8, cpu="80"))
+    for i, node in enumerate(light):
+        fake.create("pods", kube_pod(f"web-{i}", node))
+    first = r.iterate(apply=False).decision.removals[0].kube_name
+    guarded = f"web-{light.index(first)}"
+    fake.patch("pods", guarded, {"metadata": {"labels": {"app": "guarded"}}}, "ml")
+    fake.create(
+        "poddisruptionbudgets",
+        {
+            "metadata": {"name": "guarded", "namespace": "ml"},
+            "spec": {"minAvailable": 1, "selector": {"matchLabels": {"app": "guarded"}}},
+        },
+    )
+    now = [0.0]
+    lease = LeaseSection(identity="me", duration_s=15, renew_deadline_s=10)
+    elector = LeaderElector(k8s.ApiClient(k8s.Configuration(host=fake.url)), lease, lambda: now[0])
+    assert elector.try_acquire_or_renew()
+    r.elector = elector
+    budgets = fake.eviction_policy
+
+    def lapse_on_refusal(pod: dict) -> Any:
+        refused = budgets(pod)
+        if refused is not None:
+            now[0] = 60.0  # no renewal came: the renew deadline has passed
+        return refused
+
+    fake.eviction_policy = lapse_on_refusal
+    (group,) = r.system.provider.node_groups()
+    outcome = r.iterate(apply=True)
+    assert any("stopped" in e for e in outcome.errors)
+    assert group.target_size() == 3
+    running = {p["metadata"]["name"] for p in fake.objects("pods", "ml")}
+    assert running == {"train", "web-0", "web-1"}
+    for node in light:
+        after = fake.get("nodes", node)
+        assert not after["spec"].get("unschedulable")
+        assert KUBE_NAMES.removal_annotation not in (after["metadata"].get("annotations") or {})
+    assert r.system.log.pending() == []

@@ -918,33 +918,52 @@ class Reconciler:
             self.system.provider,
             DrainSettings(kube.drain.timeout_s, kube.drain.poll_s),
             names=kube_names(kube),
+            may_act=self._check_leader,  # a drain outlasts a lease: asked all along
         )
         cordoned: list[tuple[Removal, int]] = []
-        for removal in removals:
-            if removal.kube_name is None:  # not registered: nothing there to drain
-                outcome.actions.append(self._delete(decision_id, removal))
-                continue
-            self._check_leader()
-            action = self._begin_removal(decision_id, removal)
+        try:
+            for removal in removals:
+                if removal.kube_name is None:  # not registered: nothing there to drain
+                    outcome.actions.append(self._delete(decision_id, removal))
+                    continue
+                self._check_leader()
+                action = self._begin_removal(decision_id, removal)
+                try:
+                    refused = removing.prepare(removal.kube_name)
+                except KubeError as exc:
+                    outcome.actions.append(self._settle(removing, removal, action, exc))
+                    continue
+                if refused is None:
+                    cordoned.append((removal, action))
+                else:
+                    outcome.actions.append(self._settle(removing, removal, action, refused))
+            while cordoned:
+                removal, action = cordoned[0]
+                assert removal.kube_name is not None
+                result: RemovalOutcome | Exception
+                try:
+                    result = removing.finish(removal.kube_name, frozenset(removal.pods))
+                except (ProviderError, KubeError) as exc:
+                    result = exc
+                cordoned.pop(0)
+                outcome.actions.append(self._settle(removing, removal, action, result))
+        except NotLeader as lost:
+            self._abandon(removing, cordoned, lost)
+            raise
+
+    def _abandon(
+        self, removing: NodeRemoval, cordoned: Sequence[tuple[Removal, int]], lost: NotLeader
+    ) -> None:
+        """The lease is lost mid-removal: the nodes this pass cordoned and did not remove
+        serve again, before anything more is evicted or deleted (the new leader plans
+        them afresh), and their actions are closed as stopped."""
+        for removal, action in cordoned:
+            why = f"stopped: {lost}"
             try:
-                refused = removing.prepare(removal.kube_name)
+                removing.uncordon(removal.kube_name or "")
             except KubeError as exc:
-                outcome.actions.append(self._settle(removing, removal, action, exc))
-                continue
-            if refused is None:
-                cordoned.append((removal, action))
-            else:
-                outcome.actions.append(self._settle(removing, removal, action, refused))
-        while cordoned:
-            removal, action = cordoned[0]
-            assert removal.kube_name is not None
-            result: RemovalOutcome | Exception
-            try:
-                result = removing.finish(removal.kube_name, frozenset(removal.pods))
-            except (ProviderError, KubeError) as exc:
-                result = exc
-            cordoned.pop(0)
-            outcome.actions.append(self._settle(removing, removal, action, result))
+                why += f"; left cordoned: {exc}"
+            self.system.log.complete(action, "failed", why)
 
     def _begin_removal(self, decision_id: int, removal: Removal) -> int:
         action = self.system.log.begin(

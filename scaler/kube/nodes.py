@@ -117,8 +117,12 @@ class NodeRemoval:
         clock: Callable[[], float] = time.monotonic,
         sleep: Callable[[float], None] = time.sleep,
         names: KubeNames = KUBE_NAMES,
+        may_act: Callable[[], None] = lambda: None,
     ) -> None:
+        """`may_act` raises to stop a removal under way (a leader that lost its lease):
+        it is asked before every round of evictions and right before the delete."""
         self.settings = settings or DrainSettings()
+        self._may_act = may_act
         self._api = api
         self._core = k8s.CoreV1Api(api)
         self._provider = provider
@@ -168,6 +172,7 @@ class NodeRemoval:
                 found.cloud_name,
                 blocking,
             )
+        self._may_act()
         group = found.group
         try:
             group.delete_nodes([found.cloud_name])
@@ -253,6 +258,7 @@ class NodeRemoval:
             ]
             if kept:
                 return tuple(kept)
+            self._may_act()
             blocking = [b for b in map(self._evict, pods) if b is not None]
             if self._clock() >= deadline:
                 going = {(b.namespace, b.name) for b in blocking}
