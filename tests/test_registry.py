@@ -3,6 +3,9 @@
 from __future__ import annotations
 
 import json
+import shutil
+import threading
+from collections.abc import Callable
 from pathlib import Path
 
 import numpy as np
@@ -11,7 +14,7 @@ import pytest
 
 from predictor.data.loaders import load_trace
 from predictor.foundation.errors import InputError
-from predictor.lifecycle.registry import ModelRegistry, parse_reference
+from predictor.lifecycle.registry import DamagedVersion, ModelRegistry, parse_reference
 from predictor.models import BoostParams, build
 
 
@@ -81,3 +84,68 @@ def test_a_half_written_version_is_invisible(tmp_path: Path, history: pd.DataFra
     out = model.forecast(history, [1], (0.5,)).frame
     assert np.isfinite(out["q0.5"]).all()
     assert registry.save("persistence", model, {}).version == 2
+
+
+def _save_within(registry: ModelRegistry, name: str, model: object, seconds: float) -> int:
+    """The version `save` stores, or a failure if it does not return in time (the save of
+    a registry with a version folder lacking its metadata used to loop forever)."""
+    saved: list[int] = []
+    worker = threading.Thread(
+        target=lambda: saved.append(registry.save(name, model, {}).version),  # type: ignore[arg-type]
+        daemon=True,
+    )
+    worker.start()
+    worker.join(seconds)
+    assert saved, f"save did not return within {seconds} s"
+    return saved[0]
+
+
+def test_an_interrupted_copy_is_damaged_never_reused_and_never_served(
+    tmp_path: Path, history: pd.DataFrame
+) -> None:
+    registry = ModelRegistry(tmp_path)
+    model = build("persistence").fit(history)
+    first = registry.save("persistence", model, {})
+    copied = tmp_path / "persistence" / "2"
+    copied.mkdir()
+    (copied / "model.pkl").write_bytes((first.path / "model.pkl").read_bytes())
+
+    assert _save_within(registry, "persistence", model, 30) == 3
+    assert sorted(p.name for p in (tmp_path / "persistence").iterdir()) == ["1", "2", "3"]
+    assert [v.version for v in registry.versions("persistence")] == [1, 3]
+    damaged = [v for v in registry.scan("persistence") if isinstance(v, DamagedVersion)]
+    assert [(d.version, d.file) for d in damaged] == [(2, copied / "metadata.json")]
+    with pytest.raises(InputError, match="persistence:2 is damaged") as caught:
+        registry.load("persistence", 2)
+    assert caught.value.path == str(copied / "metadata.json")
+
+    # While the damaged folder is the newest, the name serves nothing, rather than
+    # silently serving the version before it.
+    shutil.rmtree(tmp_path / "persistence" / "3")
+    with pytest.raises(InputError, match="persistence:2 is damaged"):
+        registry.served("persistence")
+    with pytest.raises(InputError, match="persistence:2 is damaged"):
+        registry.load("persistence")
+    assert registry.load("persistence", 1)[1].version == 1
+
+
+@pytest.mark.parametrize(
+    ("damage", "file", "reason"),
+    [
+        (lambda v: (v / "metadata.json").write_text("{bad"), "metadata.json", "not valid JSON"),
+        (lambda v: (v / "metadata.json").write_text("[1]"), "metadata.json", "not a JSON object"),
+        (lambda v: (v / "model.pkl").unlink(), "model.pkl", "missing"),
+    ],
+)
+def test_a_damaged_version_is_refused_naming_its_file(
+    tmp_path: Path, history: pd.DataFrame, damage: Callable[[Path], object], file: str, reason: str
+) -> None:
+    registry = ModelRegistry(tmp_path)
+    record = registry.save("persistence", build("persistence").fit(history), {})
+    damage(record.path)
+    assert registry.names() == ["persistence"]  # still listed, as damaged
+    assert registry.versions("persistence") == []
+    for read in (registry.load, registry.record, registry.served):
+        with pytest.raises(InputError, match=reason) as caught:
+            read("persistence")
+        assert caught.value.path == str(record.path / file)

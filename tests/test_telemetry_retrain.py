@@ -187,3 +187,19 @@ def test_models_list_refuses_a_registry_that_is_not_there(tmp_path: Path) -> Non
     assert isinstance(result.exception, InputError)
     assert result.exception.path == str(tmp_path / "modles")
     assert run("models", "list", "--registry", str(tmp_path)) == []  # there, but empty
+
+
+def test_models_list_shows_a_damaged_version_and_show_refuses_it(tmp_path: Path) -> None:
+    from predictor.foundation.errors import InputError
+    from predictor.models import build
+
+    registry = ModelRegistry(tmp_path)
+    registry.save("gpuscale", build("persistence"), {"model": "persistence"})
+    (tmp_path / "gpuscale" / "2").mkdir()  # an interrupted copy: no metadata.json
+    rows = run("models", "list", "--registry", str(tmp_path))
+    assert [(r["version"], r["serving"]) for r in rows] == [(1, False), (2, False)]
+    assert rows[0]["damaged"] is None
+    assert "gpuscale/2/metadata.json: missing" in rows[1]["damaged"]
+    result = CliRunner().invoke(app, ["models", "show", "gpuscale:2", "--registry", str(tmp_path)])
+    assert isinstance(result.exception, InputError)
+    assert result.exception.path == str(tmp_path / "gpuscale" / "2" / "metadata.json")

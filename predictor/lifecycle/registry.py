@@ -3,7 +3,11 @@
 Layout: `<root>/<name>/<version>/model.pkl` and `metadata.json`, versions numbered 1, 2, ...
 A version is written into a temporary folder beside the others and renamed into place in
 one step, so a reader sees a whole version or none; a crash leaves at most a `.tmp-*`
-folder that no reader lists.
+folder that no reader lists. A version folder without a whole `metadata.json` or
+`model.pkl` (an interrupted copy, a damaged disk) is listed as damaged: its number is
+never reused, and whatever needs it, or needs the served model while it is the newest
+version, is refused with an error naming the file, rather than silently served by the
+version before it.
 
 Format: pickle. A deployed model is a composite (several LightGBM boosters, per-series
 scales, calibration state), and pickle round-trips all of it exactly; LightGBM's own model
@@ -61,13 +65,30 @@ class ModelRecord:
     metadata: dict[str, Any]
 
 
+@dataclass(frozen=True)
+class DamagedVersion:
+    """A version folder that cannot be used: `file` is what is wrong, `reason` says how."""
+
+    name: str
+    version: int
+    file: Path
+    reason: str
+
+    def error(self) -> InputError:
+        return InputError(
+            f"{self.reason}, so {self.name}:{self.version} is damaged; restore the file or"
+            f" remove {self.file.parent}",
+            path=self.file,
+        )
+
+
 def parse_reference(reference: str) -> tuple[str, int | None]:
     """`NAME` or `NAME:VERSION` -> (name, version or None for the latest)."""
     name, sep, version = reference.partition(":")
     check_name(name)
     if not sep:
         return name, None
-    if not version.isdigit() or int(version) < 1:
+    if not version.isdecimal() or int(version) < 1:
         raise InputError(f"model version {version!r} must be a whole number >= 1")
     return name, int(version)
 
@@ -100,8 +121,11 @@ class ModelRegistry:
         try:
             staging.chmod(0o777 & ~umask)  # mkdtemp makes 0700; a version is an ordinary folder
             (staging / ARTIFACT).write_bytes(payload)
+            version = 0
             while True:
-                version = max((r.version for r in self.versions(name)), default=0) + 1
+                # Above every numbered entry, damaged ones included, and above the number
+                # just lost to a rival writer: the number only grows, so this ends.
+                version = max(self._highest(folder), version) + 1
                 record = {
                     "name": name,
                     "version": version,
@@ -130,52 +154,91 @@ class ModelRegistry:
         finally:
             shutil.rmtree(staging, ignore_errors=True)
 
-    def versions(self, name: str) -> list[ModelRecord]:
-        """Every stored version of `name`, oldest first."""
+    @staticmethod
+    def _highest(folder: Path) -> int:
+        return max((int(e.name) for e in folder.iterdir() if e.name.isdecimal()), default=0)
+
+    def scan(self, name: str) -> list[ModelRecord | DamagedVersion]:
+        """Every numbered folder of `name`, oldest first: a record, or what is damaged."""
         check_name(name)
         folder = self.root / name
         if not folder.is_dir():
             return []
-        out = []
-        for entry in folder.iterdir():
-            if entry.name.isdigit() and (entry / METADATA).is_file():
-                meta = json.loads((entry / METADATA).read_text())
-                out.append(ModelRecord(name, int(entry.name), entry, meta))
-        return sorted(out, key=lambda r: r.version)
+        found = [_read_version(name, e) for e in folder.iterdir() if e.name.isdecimal()]
+        return sorted(found, key=lambda v: v.version)
+
+    def versions(self, name: str) -> list[ModelRecord]:
+        """Every whole stored version of `name`, oldest first."""
+        return [v for v in self.scan(name) if isinstance(v, ModelRecord)]
 
     def names(self) -> list[str]:
         if not self.root.is_dir():
             return []
         return sorted(
-            p.name for p in self.root.iterdir() if _NAME.match(p.name) and self.versions(p.name)
+            p.name for p in self.root.iterdir() if _NAME.match(p.name) and self.scan(p.name)
         )
+
+    def served(self, name: str) -> ModelRecord | None:
+        """The newest version of `name` (None when it has none); refused when damaged."""
+        found = self.scan(name)
+        return None if not found else _whole(found[-1])
 
     def record(self, name: str, version: int | None = None) -> ModelRecord:
         """The metadata of one version (the latest when `version` is None)."""
-        versions = self.versions(name)
-        if not versions:
+        found = self.scan(name)
+        if not found:
             raise InputError(f"no model named {name!r} in the registry", path=self.root)
         if version is None:
-            return versions[-1]
-        for rec in versions:
-            if rec.version == version:
-                return rec
+            return _whole(found[-1])
+        for entry in found:
+            if entry.version == version:
+                return _whole(entry)
         raise InputError(
             f"model {name!r} has no version {version} (versions:"
-            f" {', '.join(str(r.version) for r in versions)})",
+            f" {', '.join(str(v.version) for v in found)})",
             path=self.root,
         )
 
     def load(self, name: str, version: int | None = None) -> tuple[Forecaster, ModelRecord]:
         """The stored model and its record; a damaged artifact is refused."""
         rec = self.record(name, version)
-        payload = (rec.path / ARTIFACT).read_bytes()
-        expected = rec.metadata.get("artifact", {}).get("sha256")
+        try:
+            payload = (rec.path / ARTIFACT).read_bytes()
+        except OSError as exc:  # gone or unreadable since it was listed
+            raise InputError(f"cannot read: {exc.strerror}", path=rec.path / ARTIFACT) from None
+        artifact = rec.metadata.get("artifact")
+        expected = artifact.get("sha256") if isinstance(artifact, dict) else None
         if expected != hashlib.sha256(payload).hexdigest():
             raise InputError("artifact does not match its checksum", path=rec.path / ARTIFACT)
         # The registry directory is the operator's own, and the checksum above matches the
         # record written with the artifact: no foreign bytes reach pickle.
         return pickle.loads(payload), rec  # nosec B301
+
+
+def _read_version(name: str, entry: Path) -> ModelRecord | DamagedVersion:
+    """The version in folder `entry`, or what makes it unusable (checked without reading
+    the artifact, which only `load` does, against its checksum)."""
+    version = int(entry.name)
+    meta_file = entry / METADATA
+    try:
+        meta = json.loads(meta_file.read_text())
+    except FileNotFoundError:
+        return DamagedVersion(name, version, meta_file, "missing (an interrupted copy?)")
+    except OSError as exc:
+        return DamagedVersion(name, version, meta_file, f"cannot read: {exc.strerror}")
+    except (json.JSONDecodeError, UnicodeDecodeError) as exc:
+        return DamagedVersion(name, version, meta_file, f"not valid JSON ({exc})")
+    if not isinstance(meta, dict):
+        return DamagedVersion(name, version, meta_file, "not a JSON object")
+    if not (entry / ARTIFACT).is_file():
+        return DamagedVersion(name, version, entry / ARTIFACT, "missing")
+    return ModelRecord(name, version, entry, meta)
+
+
+def _whole(entry: ModelRecord | DamagedVersion) -> ModelRecord:
+    if isinstance(entry, DamagedVersion):
+        raise entry.error()
+    return entry
 
 
 def _fsync_tree(folder: Path) -> None:

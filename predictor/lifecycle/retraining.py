@@ -150,12 +150,6 @@ def backtest(
     return Scores(float(np.mean(list(per_horizon.values()))), per_horizon, steps)
 
 
-def served_record(registry: ModelRegistry, name: str) -> ModelRecord | None:
-    """The record of the served model of `name` (its latest version), if there is one."""
-    versions = registry.versions(name)
-    return versions[-1] if versions else None
-
-
 def retrain(
     store: TelemetryStore,
     registry: ModelRegistry,
@@ -163,6 +157,7 @@ def retrain(
     on_step: Any = None,
 ) -> RetrainOutcome:
     """Fit, backtest against the served model, store, and promote only if better."""
+    current = registry.served(plan.name)  # a damaged served version fails before any work
     history = load_history(store, plan.metric, plan.step, plan.series)
     end = history["ds"].max()
     start = end - plan.step * (plan.backtest_steps - 1)
@@ -179,7 +174,6 @@ def retrain(
         on_step("backtesting the candidate")
     candidate_scores = backtest(candidate, history, start, plan)
     current_scores, unusable, refitted = None, None, False
-    current = served_record(registry, plan.name)
     if current is not None:
         try:
             served, refitted = _judged_form(registry, current, train, start, on_step)
@@ -268,7 +262,7 @@ def promote(registry: ModelRegistry, reference: str, to: str | None = None) -> M
     name, version = parse_reference(reference)
     model, source = registry.load(name, version)
     target = to or name.removesuffix(REJECTED_SUFFIX)
-    served_now = registry.versions(target)
+    served_now = registry.served(target)
     metadata = {
         **_inherited(source.metadata),
         "decision": {
@@ -277,7 +271,7 @@ def promote(registry: ModelRegistry, reference: str, to: str | None = None) -> M
             "by": "promote",
         },
         "copied_from": f"{name}:{source.version}",
-        "previous": served_now[-1].version if served_now else None,
+        "previous": None if served_now is None else served_now.version,
     }
     return registry.save(target, model, metadata)
 
@@ -285,10 +279,7 @@ def promote(registry: ModelRegistry, reference: str, to: str | None = None) -> M
 def rollback(registry: ModelRegistry, name: str) -> ModelRecord:
     """Serve again the model `name` served before its current one (a copy appended as the
     newest version). Repeated rollbacks walk further back."""
-    versions = registry.versions(name)
-    if not versions:
-        raise InputError(f"no model named {name!r} in the registry", path=registry.root)
-    current = versions[-1]
+    current = registry.record(name)
     previous = current.metadata.get("previous")
     if previous is None:
         raise InputError(f"{name}:{current.version} has no earlier served model to return to")

@@ -161,32 +161,22 @@ def retrain(
 
 def models_list(registry: RegistryOption = Path("models"), as_json: JsonOption = False) -> None:
     """List every stored version: when it was made, what kind, its backtest score, how it
-    got there (retrain, promote, rollback) and which version each name serves."""
+    got there (retrain, promote, rollback) and which version each name serves.
+
+    A version folder without a readable metadata.json or model.pkl (an interrupted copy)
+    is listed as DAMAGED with the file at fault; while it is a name's newest version the
+    name serves nothing, and commands that need its served model refuse to run.
+    """
     from predictor.foundation.errors import InputError
     from predictor.lifecycle.registry import ModelRegistry
-    from predictor.lifecycle.retraining import REJECTED_SUFFIX
 
     if not registry.is_dir():  # a mistyped path is not an empty registry
         raise InputError("no such directory (the model registry)", path=registry)
     reg = ModelRegistry(registry)
     rows = []
     for name in reg.names():
-        versions = reg.versions(name)
-        for rec in versions:
-            meta = rec.metadata
-            candidate = (meta.get("backtest") or {}).get("candidate") or {}
-            rows.append(
-                {
-                    "name": name,
-                    "version": rec.version,
-                    "created": meta.get("created"),
-                    "model": meta.get("model"),
-                    "score": (meta.get("backtest") or {}).get("score"),
-                    "value": candidate.get("value"),
-                    "by": (meta.get("decision") or {}).get("by"),
-                    "serving": rec is versions[-1] and not name.endswith(REJECTED_SUFFIX),
-                }
-            )
+        found = reg.scan(name)
+        rows += [_list_row(entry, entry is found[-1]) for entry in found]
     if as_json:
         typer.echo(json.dumps(rows, indent=2))
         return
@@ -200,13 +190,46 @@ def models_list(registry: RegistryOption = Path("models"), as_json: JsonOption =
         table.add_row(
             row["name"],
             str(row["version"]),
-            str(row["created"]),
-            str(row["model"]),
+            str(row["created"] or ""),
+            str(row["model"] or ""),
             value,
             row["by"] or "",
-            "yes" if row["serving"] else "",
+            "yes" if row["serving"] else "DAMAGED" if row["damaged"] else "",
         )
     table_console().print(table)
+    for row in rows:
+        if row["damaged"]:
+            typer.echo(f"damaged: {row['damaged']}")
+
+
+def _list_row(entry: Any, newest: bool) -> dict[str, Any]:
+    """One version as `models list` prints it; a damaged one says what is wrong and, the
+    newest, makes its name serve nothing until it is repaired or removed."""
+    from predictor.lifecycle.registry import DamagedVersion
+    from predictor.lifecycle.retraining import REJECTED_SUFFIX
+
+    if isinstance(entry, DamagedVersion):
+        keys = ("created", "model", "score", "value", "by")
+        return {
+            "name": entry.name,
+            "version": entry.version,
+            **dict.fromkeys(keys),
+            "serving": False,
+            "damaged": str(entry.error()),
+        }
+    meta = entry.metadata
+    backtest = meta.get("backtest") or {}
+    return {
+        "name": entry.name,
+        "version": entry.version,
+        "created": meta.get("created"),
+        "model": meta.get("model"),
+        "score": backtest.get("score"),
+        "value": (backtest.get("candidate") or {}).get("value"),
+        "by": (meta.get("decision") or {}).get("by"),
+        "serving": newest and not entry.name.endswith(REJECTED_SUFFIX),
+        "damaged": None,
+    }
 
 
 def models_show(
