@@ -203,3 +203,25 @@ def test_models_list_shows_a_damaged_version_and_show_refuses_it(tmp_path: Path)
     result = CliRunner().invoke(app, ["models", "show", "gpuscale:2", "--registry", str(tmp_path)])
     assert isinstance(result.exception, InputError)
     assert result.exception.path == str(tmp_path / "gpuscale" / "2" / "metadata.json")
+
+
+def test_rollback_undoes_a_train_and_rejected_names_never_serve(tmp_path: Path) -> None:
+    from predictor.foundation.errors import InputError
+
+    state = store_with(tmp_path / "state", random_walk("2026-01-01", [(3, 1.0)], seed=7))
+    registry = tmp_path / "models"
+    for kind in ("persistence", "empirical"):
+        run("train", "--state-dir", str(state), "--registry", str(registry),
+            "--model", kind, "--name", "p")  # fmt: skip
+    assert ModelRegistry(registry).record("p", 2).metadata["previous"] == 1
+    back = run("models", "rollback", "p", "--registry", str(registry))
+    assert back["serving"] == "p:3" and "to version 1" in back["reason"]
+    restored = ModelRegistry(registry).record("p").metadata
+    assert restored["model"] == "persistence" and restored["copied_from"] == "p:1"
+
+    for args in (["promote", "p:1", "--to", "p.rejected"], ["rollback", "p.rejected"]):
+        result = CliRunner().invoke(app, ["models", *args, "--registry", str(registry)])
+        assert isinstance(result.exception, InputError), result.output
+        assert "never serve" in str(result.exception)
+    assert [r.version for r in ModelRegistry(registry).versions("p")] == [1, 2, 3]
+    assert not (registry / "p.rejected").exists()

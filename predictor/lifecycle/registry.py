@@ -42,6 +42,8 @@ ARTIFACT = "model.pkl"
 METADATA = "metadata.json"
 _NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,63}$")
 _LIBRARIES = ("lightgbm", "pandas", "numpy", "gpuscale")
+# A name with this suffix holds candidates that retraining rejected: it never serves.
+REJECTED_SUFFIX = ".rejected"
 
 
 def library_versions() -> dict[str, str]:
@@ -98,6 +100,16 @@ def check_name(name: str) -> str:
         raise InputError(
             f"model name {name!r} must be 1-64 letters, digits, '.', '_' or '-'"
             " (starting with a letter or digit)"
+        )
+    return name
+
+
+def check_served_name(name: str) -> str:
+    """`name` as a name that serves: one ending in REJECTED_SUFFIX never does."""
+    if check_name(name).endswith(REJECTED_SUFFIX):
+        raise InputError(
+            f"model name may not end in {REJECTED_SUFFIX!r}: {name!r} (such names hold"
+            " rejected candidates and never serve)"
         )
     return name
 

@@ -32,7 +32,13 @@ import pandas as pd
 from predictor.data.series import STEP
 from predictor.evaluation.backtest import pinball, rmse
 from predictor.foundation.errors import InputError
-from predictor.lifecycle.registry import ModelRecord, ModelRegistry, parse_reference
+from predictor.lifecycle.registry import (
+    REJECTED_SUFFIX,
+    ModelRecord,
+    ModelRegistry,
+    check_served_name,
+    parse_reference,
+)
 from predictor.models import build
 from predictor.models.features import EXOGENOUS
 from predictor.models.forecast import Forecaster, quantile_column
@@ -40,7 +46,6 @@ from predictor.telemetry.store import TelemetryStore
 
 log = logging.getLogger(__name__)
 
-REJECTED_SUFFIX = ".rejected"
 Score = Literal["pinball", "rmse"]
 
 
@@ -65,8 +70,7 @@ class RetrainPlan:
             raise InputError(f"horizons must be whole steps >= 1, got {list(self.horizons)}")
         if not 0.0 < self.quantile < 1.0:
             raise InputError(f"quantile must lie in (0, 1), got {self.quantile}")
-        if self.name.endswith(REJECTED_SUFFIX):
-            raise InputError(f"model name may not end in {REJECTED_SUFFIX!r}: {self.name!r}")
+        check_served_name(self.name)
 
     @property
     def score_name(self) -> str:
@@ -261,7 +265,7 @@ def promote(registry: ModelRegistry, reference: str, to: str | None = None) -> M
     without `.rejected`)."""
     name, version = parse_reference(reference)
     model, source = registry.load(name, version)
-    target = to or name.removesuffix(REJECTED_SUFFIX)
+    target = check_served_name(to or name.removesuffix(REJECTED_SUFFIX))
     served_now = registry.served(target)
     metadata = {
         **_inherited(source.metadata),
@@ -279,7 +283,7 @@ def promote(registry: ModelRegistry, reference: str, to: str | None = None) -> M
 def rollback(registry: ModelRegistry, name: str) -> ModelRecord:
     """Serve again the model `name` served before its current one (a copy appended as the
     newest version). Repeated rollbacks walk further back."""
-    current = registry.record(name)
+    current = registry.record(check_served_name(name))
     previous = current.metadata.get("previous")
     if previous is None:
         raise InputError(f"{name}:{current.version} has no earlier served model to return to")

@@ -26,7 +26,7 @@ from predictor.evaluation.backtest import (
     summarize,
 )
 from predictor.foundation.errors import InputError
-from predictor.lifecycle.registry import ModelRecord, ModelRegistry, check_name
+from predictor.lifecycle.registry import ModelRecord, ModelRegistry, check_served_name
 from predictor.models import build
 from predictor.models.forecast import Forecaster
 
@@ -141,8 +141,9 @@ def train_and_register(
     shards: int = 4,
 ) -> ModelRecord:
     """`train`, then store the model as the next version of `name` (nothing is written if
-    anything before fails)."""
-    check_name(name)
+    anything before fails). The version it displaces is kept as `previous`, where a
+    rollback returns to."""
+    served = registry.served(check_served_name(name))  # a damaged one fails before any work
     trained = train(
         sources,
         model_name,
@@ -152,4 +153,5 @@ def train_and_register(
         dask_scheduler=dask_scheduler,
         shards=shards,
     )
-    return registry.save(name, trained.model, trained.metadata)
+    previous = None if served is None else served.version
+    return registry.save(name, trained.model, {**trained.metadata, "previous": previous})

@@ -205,8 +205,7 @@ def models_list(registry: RegistryOption = Path("models"), as_json: JsonOption =
 def _list_row(entry: Any, newest: bool) -> dict[str, Any]:
     """One version as `models list` prints it; a damaged one says what is wrong and, the
     newest, makes its name serve nothing until it is repaired or removed."""
-    from predictor.lifecycle.registry import DamagedVersion
-    from predictor.lifecycle.retraining import REJECTED_SUFFIX
+    from predictor.lifecycle.registry import REJECTED_SUFFIX, DamagedVersion
 
     if isinstance(entry, DamagedVersion):
         keys = ("created", "model", "score", "value", "by")
