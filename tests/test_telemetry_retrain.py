@@ -7,6 +7,7 @@ from pathlib import Path
 
 import numpy as np
 import pandas as pd
+import pytest
 from typer.testing import CliRunner
 
 from predictor.lifecycle.registry import ModelRegistry
@@ -225,3 +226,20 @@ def test_rollback_undoes_a_train_and_rejected_names_never_serve(tmp_path: Path) 
         assert "never serve" in str(result.exception)
     assert [r.version for r in ModelRegistry(registry).versions("p")] == [1, 2, 3]
     assert not (registry / "p.rejected").exists()
+
+
+def test_retrain_refuses_a_step_that_is_not_positive(tmp_path: Path) -> None:
+    from predictor.foundation.errors import InputError
+    from predictor.lifecycle.retraining import RetrainPlan
+
+    state = store_with(tmp_path / "state", random_walk("2026-01-01", [(2, 1.0)], seed=8))
+    for step in ("0s", "-10min"):
+        result = CliRunner().invoke(
+            app,
+            ["retrain", "--state-dir", str(state), "--registry", str(tmp_path / "m"),
+             "--step", step],
+        )  # fmt: skip
+        assert result.exit_code == 2 and "must be positive" in result.output, result.output
+    assert not (tmp_path / "m").exists()
+    with pytest.raises(InputError, match="step must be positive"):
+        RetrainPlan(step=pd.Timedelta(0))

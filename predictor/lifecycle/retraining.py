@@ -70,6 +70,8 @@ class RetrainPlan:
             raise InputError(f"horizons must be whole steps >= 1, got {list(self.horizons)}")
         if not 0.0 < self.quantile < 1.0:
             raise InputError(f"quantile must lie in (0, 1), got {self.quantile}")
+        if self.step <= pd.Timedelta(0):
+            raise InputError(f"step must be positive, got {self.step}")
         check_served_name(self.name)
 
     @property

@@ -108,6 +108,8 @@ def retrain(
         resolution = pd.Timedelta(step)
     except ValueError as exc:
         raise InputError(f"bad --horizons or --step: {exc}") from None
+    if resolution <= pd.Timedelta(0):  # as `store import --step` says
+        raise typer.BadParameter("must be positive", param_hint="--step")
     if quantile is None:
         from scaler.planning.planner import PlannerPolicy
 
