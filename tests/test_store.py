@@ -8,6 +8,7 @@ import subprocess
 import sys
 import textwrap
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 import numpy as np
@@ -154,3 +155,19 @@ def test_concurrent_reader_sees_whole_batches_only(tmp_path: Path) -> None:
     seen.append(store.count("big"))
     assert set(seen) <= {0, BIG} and seen[-1] == BIG
     assert during_write > 0, "the reader ran while the batch was being written"
+
+
+@pytest.mark.parametrize(
+    ("make", "reason"),
+    [
+        (lambda p: p.write_bytes(b"garbage\n"), "not a SQLite database"),
+        (lambda p: p.mkdir(), "is a folder"),
+    ],
+)
+def test_a_store_file_that_is_no_database_is_refused_naming_it(
+    tmp_path: Path, make: Callable[[Path], object], reason: str
+) -> None:
+    make(tmp_path / "telemetry.sqlite")
+    with pytest.raises(InputError, match=reason) as caught:
+        TelemetryStore(tmp_path)
+    assert caught.value.path == str(tmp_path / "telemetry.sqlite")

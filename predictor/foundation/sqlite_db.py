@@ -12,7 +12,17 @@ from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 
+from predictor.foundation.errors import InputError
+
 BUSY_TIMEOUT_S = 60.0
+# Errors that say the file itself is unusable, not that a query failed or the database was
+# busy: the operator's to fix, so they are bad input naming the file.
+_BAD_FILE = {
+    sqlite3.SQLITE_NOTADB: "not a SQLite database",
+    sqlite3.SQLITE_CORRUPT: "damaged (SQLite finds it corrupt)",
+    sqlite3.SQLITE_CANTOPEN: "cannot be opened",
+    sqlite3.SQLITE_READONLY: "cannot be written (read-only)",
+}
 
 
 @dataclass(frozen=True)
@@ -31,15 +41,24 @@ class SqliteFile:
 
     @contextmanager
     def connect(self) -> Iterator[sqlite3.Connection]:
-        # isolation_level=None: transactions are begun explicitly, never implicitly.
-        conn = sqlite3.connect(self.path, timeout=BUSY_TIMEOUT_S, isolation_level=None)
+        if self.path.is_dir():  # SQLite would only say "unable to open database file"
+            raise InputError("is a folder, not a database file", path=self.path)
         try:
-            # NORMAL is durable against a killed process in WAL mode; only a power loss can
-            # drop the last transactions, never corrupt the file.
-            conn.execute("PRAGMA synchronous=NORMAL")
-            yield conn
-        finally:
-            conn.close()
+            # isolation_level=None: transactions are begun explicitly, never implicitly.
+            conn = sqlite3.connect(self.path, timeout=BUSY_TIMEOUT_S, isolation_level=None)
+            try:
+                # NORMAL is durable against a killed process in WAL mode; only a power loss
+                # can drop the last transactions, never corrupt the file.
+                conn.execute("PRAGMA synchronous=NORMAL")
+                yield conn
+            finally:
+                conn.close()
+        except sqlite3.DatabaseError as exc:
+            # The primary result code is the low byte of the extended one.
+            reason = _BAD_FILE.get(getattr(exc, "sqlite_errorcode", 0) & 0xFF)
+            if reason is None:
+                raise
+            raise InputError(f"{reason} ({exc})", path=self.path) from None
 
     @contextmanager
     def transaction(self) -> Iterator[sqlite3.Connection]:
