@@ -157,6 +157,31 @@ def test_concurrent_reader_sees_whole_batches_only(tmp_path: Path) -> None:
     assert during_write > 0, "the reader ran while the batch was being written"
 
 
+def test_readers_never_create_a_store_and_the_first_write_does(tmp_path: Path) -> None:
+    state = tmp_path / "state"
+    reader = TelemetryStore(state)
+    assert reader.query().empty and reader.series().empty and reader.gaps().empty
+    assert reader.count() == 0
+    assert not state.exists()  # neither the file nor its folder
+    with pytest.raises(InputError, match="no telemetry store here") as caught:
+        TelemetryStore.existing(state)
+    assert caught.value.path == str(state)
+
+    TelemetryStore(state).append(points("a100", "2024-01-01", 3))
+    assert reader.count() == 3  # the same reader sees the store once another made it
+    assert TelemetryStore.existing(state).count() == 3
+
+
+def test_store_show_on_an_empty_folder_leaves_it_empty(tmp_path: Path) -> None:
+    from typer.testing import CliRunner
+
+    from scaler.cli import app
+
+    result = CliRunner().invoke(app, ["store", "show", "--state-dir", str(tmp_path), "--json"])
+    assert result.exit_code == 0, result.output
+    assert list(tmp_path.iterdir()) == []
+
+
 @pytest.mark.parametrize(
     ("make", "reason"),
     [
@@ -168,6 +193,10 @@ def test_a_store_file_that_is_no_database_is_refused_naming_it(
     tmp_path: Path, make: Callable[[Path], object], reason: str
 ) -> None:
     make(tmp_path / "telemetry.sqlite")
-    with pytest.raises(InputError, match=reason) as caught:
-        TelemetryStore(tmp_path)
-    assert caught.value.path == str(tmp_path / "telemetry.sqlite")
+    for use in (
+        lambda: TelemetryStore(tmp_path),
+        lambda: TelemetryStore.existing(tmp_path),
+    ):
+        with pytest.raises(InputError, match=reason) as caught:
+            use()
+        assert caught.value.path == str(tmp_path / "telemetry.sqlite")

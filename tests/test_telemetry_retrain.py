@@ -243,3 +243,14 @@ def test_retrain_refuses_a_step_that_is_not_positive(tmp_path: Path) -> None:
     assert not (tmp_path / "m").exists()
     with pytest.raises(InputError, match="step must be positive"):
         RetrainPlan(step=pd.Timedelta(0))
+
+
+def test_retrain_without_a_store_says_so_and_makes_none(tmp_path: Path) -> None:
+    from predictor.foundation.errors import InputError
+
+    result = CliRunner().invoke(
+        app, ["retrain", "--state-dir", str(tmp_path), "--registry", str(tmp_path / "m")]
+    )
+    assert isinstance(result.exception, InputError)
+    assert "no telemetry store here" in str(result.exception)
+    assert list(tmp_path.iterdir()) == []

@@ -41,12 +41,10 @@ def load_sources(
     if traces:
         return [load_trace(spec, split=split) for spec in traces]
     assert state_dir is not None
-    if not (Path(state_dir) / "telemetry.sqlite").is_file():
-        raise InputError("no telemetry store here (telemetry.sqlite missing)", path=state_dir)
     from predictor.lifecycle.retraining import load_history
     from predictor.telemetry.store import DEFAULT_METRIC, TelemetryStore
 
-    history = load_history(TelemetryStore(state_dir), DEFAULT_METRIC, STEP)
+    history = load_history(TelemetryStore.existing(state_dir), DEFAULT_METRIC, STEP)
     return [
         DemandTrace.from_frame(
             history, kind="series", unit="gpus", path=str(state_dir), split=split

@@ -85,14 +85,29 @@ class TelemetryStore:
     """Metrics as (metric, series, timestamp, value) points in `state_dir/telemetry.sqlite`.
 
     Safe to use from several processes at once; each call opens its own connection, so an
-    instance holds no open handle between calls.
+    instance holds no open handle between calls. The file is made by the first write: a
+    reader of a store that is not there yet finds it empty and leaves nothing behind
+    (`existing` refuses it instead, for commands that only read).
     """
 
     def __init__(self, state_dir: str | Path) -> None:
         self.state_dir = Path(state_dir).expanduser()
         self.path = self.state_dir / FILENAME
-        self.state_dir.mkdir(parents=True, exist_ok=True)
         self._db = SqliteFile(self.path)
+        self._ready = False
+        if self.path.exists():
+            self._open()  # a damaged or newer store fails here, before any work
+
+    @classmethod
+    def existing(cls, state_dir: str | Path) -> TelemetryStore:
+        """The store in `state_dir`, which must be there: for commands that only read."""
+        store = cls(state_dir)
+        if not store._ready:
+            raise InputError(f"no telemetry store here ({FILENAME} missing)", path=store.state_dir)
+        return store
+
+    def _open(self) -> None:
+        """Check the file's schema version, and give a new file the schema."""
         with self._db.connect() as conn:
             version = conn.execute("PRAGMA user_version").fetchone()[0]
             if version > SCHEMA_VERSION:
@@ -107,6 +122,23 @@ class TelemetryStore:
                 conn.executescript(
                     f"BEGIN IMMEDIATE; {_SCHEMA} PRAGMA user_version={SCHEMA_VERSION}; COMMIT;"
                 )
+        self._ready = True
+
+    def _writable(self) -> SqliteFile:
+        """The database, created on the first write: a store is never made by a reader."""
+        if not self._ready:
+            self.state_dir.mkdir(parents=True, exist_ok=True)
+            self._open()
+        return self._db
+
+    def _rows(self, sql: str, args: Sequence[object] = ()) -> list[tuple]:
+        """The rows of a read; a store not yet written (by another process, say) has none."""
+        if not self._ready and self.path.exists():
+            self._open()
+        if not self._ready:
+            return []
+        with self._db.connect() as conn:
+            return conn.execute(sql, args).fetchall()
 
     def append(
         self,
@@ -123,7 +155,7 @@ class TelemetryStore:
         and writes nothing.
         """
         batch = _validate(points, metric, source, labels or {})
-        with self._db.transaction() as conn:
+        with self._writable().transaction() as conn:
             _write(conn, batch)
         return len(batch.ts)
 
@@ -137,7 +169,7 @@ class TelemetryStore:
                 if column in trace.frame.columns:
                     part = trace.frame[["unique_id", "ds", column]].rename(columns={column: "y"})
                     batches.append(_validate(part, metric, source, labels))
-        with self._db.transaction() as conn:
+        with self._writable().transaction() as conn:
             for batch in batches:
                 _write(conn, batch)
         return sum(len(b.ts) for b in batches)
@@ -168,8 +200,7 @@ class TelemetryStore:
             sql += " AND p.ts <= ?"
             args.append(_ns(end))
         sql += " ORDER BY s.name, p.ts"
-        with self._db.connect() as conn:
-            rows = conn.execute(sql, args).fetchall()
+        rows = self._rows(sql, args)
         names, ts, values = zip(*rows, strict=True) if rows else ((), (), ())
         frame = pd.DataFrame(
             {
@@ -182,12 +213,11 @@ class TelemetryStore:
 
     def count(self, metric: str = DEFAULT_METRIC) -> int:
         """Points stored for `metric`."""
-        with self._db.connect() as conn:
-            return conn.execute(
-                "SELECT COUNT(*) FROM points p JOIN series s ON s.id = p.series_id"
-                " WHERE s.metric = ?",
-                (metric,),
-            ).fetchone()[0]
+        rows = self._rows(
+            "SELECT COUNT(*) FROM points p JOIN series s ON s.id = p.series_id WHERE s.metric = ?",
+            (metric,),
+        )
+        return rows[0][0] if rows else 0
 
     def series(self, metric: str | None = None) -> pd.DataFrame:
         """One row per series: `metric`, `unique_id`, `source`, `labels` (dict), `first`,
@@ -201,8 +231,7 @@ class TelemetryStore:
             sql += " WHERE s.metric = ?"
             args = (metric,)
         sql += " GROUP BY s.id ORDER BY s.metric, s.name"
-        with self._db.connect() as conn:
-            rows = conn.execute(sql, args).fetchall()
+        rows = self._rows(sql, args)
         columns = ["metric", "unique_id", "source", "labels", "first", "last", "count"]
         frame = pd.DataFrame(rows, columns=columns)
         frame["labels"] = [json.loads(text) for text in frame["labels"]]
@@ -218,7 +247,7 @@ class TelemetryStore:
         first, last = _ns(start), _ns(end)
         if last < first:
             raise InputError(f"gap end {end} is before its start {start}")
-        with self._db.transaction() as conn:
+        with self._writable().transaction() as conn:
             conn.execute(
                 "INSERT INTO gaps (source, start, end, reason, recorded) VALUES (?, ?, ?, ?, ?)",
                 (source, first, last, reason, time.time_ns()),
@@ -231,8 +260,7 @@ class TelemetryStore:
         if source is not None:
             sql += " WHERE source = ?"
             args = (source,)
-        with self._db.connect() as conn:
-            rows = conn.execute(sql + " ORDER BY start, id", args).fetchall()
+        rows = self._rows(sql + " ORDER BY start, id", args)
         frame = pd.DataFrame(rows, columns=["source", "start", "end", "reason", "recorded_at"])
         for column in ("start", "end", "recorded_at"):
             frame[column] = pd.to_datetime(frame[column].astype("int64"), unit="ns")

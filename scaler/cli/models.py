@@ -99,8 +99,7 @@ def retrain(
     from predictor.lifecycle.retraining import retrain as run_retrain
     from predictor.telemetry.store import TelemetryStore
 
-    if not state_dir.is_dir():
-        raise typer.BadParameter(f"no such directory: {state_dir}", param_hint="--state-dir")
+    store = TelemetryStore.existing(state_dir)  # retrain only reads it: never made here
     if score not in ("pinball", "rmse"):
         raise typer.BadParameter("pinball or rmse", param_hint="--score")
     try:
@@ -128,7 +127,7 @@ def retrain(
     console = Console(stderr=True, quiet=as_json)
     with console.status("retraining") as status:
         outcome = run_retrain(
-            TelemetryStore(state_dir),
+            store,
             ModelRegistry(registry),
             plan,
             on_step=lambda what: status.update(what),
