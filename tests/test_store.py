@@ -200,3 +200,16 @@ def test_a_store_file_that_is_no_database_is_refused_naming_it(
         with pytest.raises(InputError, match=reason) as caught:
             use()
         assert caught.value.path == str(tmp_path / "telemetry.sqlite")
+
+
+def test_a_series_keeps_its_unit(tmp_path: Path) -> None:
+    store = TelemetryStore(tmp_path)
+    store.append(points("pool", "2024-01-01", 3), labels={"unit": "nodes", "path": "a.csv"})
+    relabelled = points("pool", "2024-01-01 00:30", 2, value=9.0)
+    with pytest.raises(InputError, match=r"'pool' .* stored in nodes, not gpus") as caught:
+        store.append(relabelled, labels={"unit": "gpus", "path": "b.csv"})
+    assert caught.value.path == str(store.path)
+    assert store.count() == 3  # nothing of the refused batch was written
+    assert store.series()["labels"][0] == {"unit": "nodes", "path": "a.csv"}
+    store.append(relabelled, labels={"unit": "nodes", "path": "b.csv"})  # same unit: fine
+    assert store.count() == 5 and store.series()["labels"][0]["path"] == "b.csv"

@@ -156,7 +156,7 @@ class TelemetryStore:
         """
         batch = _validate(points, metric, source, labels or {})
         with self._writable().transaction() as conn:
-            _write(conn, batch)
+            _write(conn, batch, self.path)
         return len(batch.ts)
 
     def import_traces(self, traces: Sequence[DemandTrace], *, source: str = "trace") -> int:
@@ -171,7 +171,7 @@ class TelemetryStore:
                     batches.append(_validate(part, metric, source, labels))
         with self._writable().transaction() as conn:
             for batch in batches:
-                _write(conn, batch)
+                _write(conn, batch, self.path)
         return sum(len(b.ts) for b in batches)
 
     def query(
@@ -308,7 +308,7 @@ def _validate(points: pd.DataFrame, metric: str, source: str, labels: Mapping[st
     return _Batch(metric, source, names, ts, values, per_series)
 
 
-def _write(conn: sqlite3.Connection, batch: _Batch) -> None:
+def _write(conn: sqlite3.Connection, batch: _Batch, path: Path) -> None:
     ids: dict[str, int] = {}
     for name, labels in batch.labels.items():
         row = conn.execute(
@@ -321,7 +321,9 @@ def _write(conn: sqlite3.Connection, batch: _Batch) -> None:
             )
             ids[name] = int(cursor.lastrowid)
         else:
-            merged = {**json.loads(row[1]), **labels}
+            stored = json.loads(row[1])
+            _check_unit(batch.metric, name, stored.get("unit"), labels.get("unit"), path)
+            merged = {**stored, **labels}
             conn.execute(
                 "UPDATE series SET source = ?, labels = ? WHERE id = ?",
                 (batch.source, json.dumps(merged, sort_keys=True), row[0]),
@@ -333,6 +335,16 @@ def _write(conn: sqlite3.Connection, batch: _Batch) -> None:
         " ON CONFLICT (series_id, ts) DO UPDATE SET value = excluded.value",
         zip(series_ids.tolist(), batch.ts.tolist(), batch.values.tolist(), strict=True),
     )
+
+
+def _check_unit(metric: str, name: str, stored: str | None, new: str | None, path: Path) -> None:
+    """A series keeps its unit: relabelling it would change what its stored points mean."""
+    if stored is not None and new is not None and stored != new:
+        raise InputError(
+            f"series {name!r} ({metric}) is stored in {stored}, not {new}: import it in"
+            f" {stored}, or under another series name",
+            path=path,
+        )
 
 
 def _ns(moment: pd.Timestamp | str) -> int:
