@@ -219,7 +219,7 @@ def test_bad_specs_and_files(tmp_path: Path) -> None:
     with pytest.raises(InputError, match="gzip"):
         load_trace(f"series:{truncated}")
     with pytest.raises(InputError, match="no training data"):
-        load_trace(f"series:{real}", split="2023-01-01")
+        load_trace(f"series:{real}", split="2023-01-01").split_frame()
 
 
 def test_bad_openb(tmp_path: Path) -> None:
@@ -253,8 +253,13 @@ def test_short_series_still_splits(tmp_path: Path) -> None:
     trace = load_trace(f"series:{two}")
     assert trace.test_start == trace.test_end == pd.Timestamp("2024-01-01 00:05")
     one = write(tmp_path / "one.csv", ["timestamp,value\n", "2024-01-01T00:00,1\n"])
-    with pytest.raises(InputError, match="no training data"):
-        load_trace(f"series:{one}")
+    # A trace too short to split still loads (to be imported, say); only a split fails.
+    single = load_trace(f"series:{one}").resampled()
+    assert single.frame["y"].tolist() == [1.0]
+    for window in (lambda: single.test_start, lambda: single.test_end, single.split_frame):
+        with pytest.raises(InputError, match="no training data") as caught:
+            window()
+        assert caught.value.path == str(one)
 
 
 def test_encodings(tmp_path: Path) -> None:

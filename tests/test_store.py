@@ -213,3 +213,18 @@ def test_a_series_keeps_its_unit(tmp_path: Path) -> None:
     assert store.series()["labels"][0] == {"unit": "nodes", "path": "a.csv"}
     store.append(relabelled, labels={"unit": "nodes", "path": "b.csv"})  # same unit: fine
     assert store.count() == 5 and store.series()["labels"][0]["path"] == "b.csv"
+
+
+def test_store_import_takes_a_trace_too_short_to_split(tmp_path: Path) -> None:
+    from typer.testing import CliRunner
+
+    from scaler.cli import app
+
+    one = tmp_path / "one.csv"
+    one.write_text("timestamp,value\n2024-01-01T00:00,1\n")
+    state = tmp_path / "state"
+    result = CliRunner().invoke(
+        app, ["store", "import", "--state-dir", str(state), "--trace", f"series:{one}"]
+    )
+    assert result.exit_code == 0, result.output
+    assert TelemetryStore(state).query()["y"].tolist() == [1.0]

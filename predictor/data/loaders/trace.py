@@ -35,14 +35,30 @@ class DemandTrace:
     and exogenous columns (Helios: `running`, `pending`). The test window is every step with
     `test_start <= ds <= test_end` (`test_end` labels the last step of the window, at the
     frame's own resolution); training data is everything before `test_start`.
+
+    `test_window` is that window, or why the trace has none (too short to split): only what
+    splits a trace (a backtest, a replay) needs it, so such a trace still imports, and
+    `test_start` / `test_end` raise the reason.
     """
 
     kind: str
     path: str
     frame: pd.DataFrame
     unit: str
-    test_start: pd.Timestamp
-    test_end: pd.Timestamp
+    test_window: tuple[pd.Timestamp, pd.Timestamp] | InputError
+
+    @property
+    def test_start(self) -> pd.Timestamp:
+        return self._split_window()[0]
+
+    @property
+    def test_end(self) -> pd.Timestamp:
+        return self._split_window()[1]
+
+    def _split_window(self) -> tuple[pd.Timestamp, pd.Timestamp]:
+        if isinstance(self.test_window, InputError):
+            raise self.test_window
+        return self.test_window
 
     @property
     def label(self) -> str:
@@ -71,8 +87,9 @@ class DemandTrace:
         if missing:
             raise InputError(f"frame lacks the column(s) {', '.join(sorted(missing))}")
         frame = frame.sort_values(["unique_id", "ds"], kind="stable").reset_index(drop=True)
-        start, end = _test_window(frame["ds"], (None, None), split, path or None)
-        return cls(kind, path, frame, unit, start, end)
+        return cls(
+            kind, path, frame, unit, _test_window(frame["ds"], (None, None), split, path or None)
+        )
 
     def split_frame(self) -> tuple[pd.DataFrame, pd.DataFrame]:
         """(training rows before `test_start`, test rows in the window)."""
@@ -89,12 +106,10 @@ class DemandTrace:
         step holding `test_end`.
         """
         step = pd.Timedelta(step)
-        return dataclasses.replace(
-            self,
-            frame=resample(self.frame, step),
-            test_start=self.test_start.ceil(step),
-            test_end=self.test_end.floor(step),
-        )
+        window = self.test_window
+        if not isinstance(window, InputError):
+            window = (window[0].ceil(step), window[1].floor(step))
+        return dataclasses.replace(self, frame=resample(self.frame, step), test_window=window)
 
 
 def load_trace(
@@ -129,14 +144,12 @@ def load_trace(
     else:
         frame = _series(file)
         default = (None, None)
-    start, end = _test_window(frame["ds"], default, split, file)
     return DemandTrace(
         kind=kind,
         path=str(file),
         frame=frame,
         unit=unit or _NATIVE_UNIT[kind],
-        test_start=start,
-        test_end=end,
+        test_window=_test_window(frame["ds"], default, split, file),
     )
 
 
@@ -197,7 +210,9 @@ def _test_window(
     default: tuple[pd.Timestamp | None, pd.Timestamp | None],
     split: str | pd.Timestamp | None,
     file: Path | str | None,
-) -> tuple[pd.Timestamp, pd.Timestamp]:
+) -> tuple[pd.Timestamp, pd.Timestamp] | InputError:
+    """The test window; a `split` that is no timestamp raises, and a window that leaves no
+    training or test data is returned as the error, for whatever splits the trace."""
     first, last = ds.min(), ds.max()
     default_start, stop = default
     if split is not None:
@@ -215,7 +230,7 @@ def _test_window(
         if start <= first:  # a span shorter than a step or two: split at the data's own step
             start = ds[ds >= cut].min()
     if not first < start <= last:
-        raise InputError(
+        return InputError(
             f"test start {start} leaves no {'training' if start <= first else 'test'} data"
             f" (the data run from {first} to {last})",
             path=file,
