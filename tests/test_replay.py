@@ -707,3 +707,31 @@ def test_a_replay_step_that_does_not_divide_the_model_step_is_refused(traces_dir
     trace = load_trace(f"helios-vc:{traces_dir / 'helios-earth' / 'vcMod.csv.gz'}")
     with pytest.raises(InputError, match="must divide"):
         prepare_trace(trace, empirical_model, BenchSettings(step_minutes=3))
+
+
+def _two_series_csv(path: Path, days: int = 6) -> Path:
+    """Two series on the same 10-minute steps, `a` stacked before `b` (a long `series`
+    file, as `gpuscale generate` writes)."""
+    ds = pd.date_range("2024-01-01", periods=days * 144, freq="10min")
+    wave = 20 + 10 * np.sin(np.arange(ds.size) * 2 * np.pi / 144)
+    frame = pd.concat(
+        pd.DataFrame({"series_id": uid, "timestamp": ds, "value": wave * scale})
+        for uid, scale in (("a", 1.0), ("b", 2.0))
+    )
+    frame.to_csv(path, index=False)
+    return path
+
+
+def test_a_multi_series_file_is_replayed_on_each_series_own_step(tmp_path: Path) -> None:
+    """Each series keeps its 10-minute step and the warm-up it would have alone (the step
+    was once a diff over the stacked series, negative where `a` ends and `b` begins)."""
+    path = _two_series_csv(tmp_path / "two.csv")
+    trace = load_trace(f"series:{path}", split="2024-01-05")
+    settings = BenchSettings((1,), calibration_days=2)
+    prepared = prepare_trace(trace, empirical_model, settings).series
+    assert [p.series.series for p in prepared] == ["a", "b"]
+    for item in prepared:
+        s = item.series
+        assert s.step == STEP
+        assert (s.warmup, s.start, s.end) == (288, 576, 864)  # 2 days of warm-up, 2 of test
+        assert planner_run(item, 1, settings.policy).row()["steps"] == 288

@@ -29,7 +29,7 @@ import numpy as np
 import pandas as pd
 
 from predictor.data.loaders import DemandTrace
-from predictor.data.series import regularize
+from predictor.data.series import STEP, regularize
 from predictor.foundation.errors import InputError
 from predictor.models.forecast import Forecaster
 from scaler.cluster.pools import NodePool, whole_nodes, whole_nodes_each
@@ -122,9 +122,11 @@ def prepare_trace(
     settings: BenchSettings,
 ) -> PreparedTrace:
     """Fit the model on training minus the calibration days and forecast every series."""
-    stepped = trace.resampled()
-    frame = regularize(stepped.frame, fill="ffill").drop(columns="filled")
-    step = pd.Timedelta(frame["ds"].diff().dropna().min())
+    # Every series is put on the protocol's step; its step is that one, not a diff over the
+    # stacked frame (negative where one series ends and the next begins).
+    step = STEP
+    stepped = trace.resampled(step)
+    frame = regularize(stepped.frame, step, fill="ffill").drop(columns="filled")
     per_node = units_per_node(trace, settings.gpus_per_node)
     calibration = round(pd.Timedelta(days=settings.calibration_days) / step)
     fine = _fine_frames(trace, step, settings.step_minutes)
