@@ -348,11 +348,10 @@ def plan_command(
     """
     from datetime import UTC, datetime
 
-    import pandas as pd
-
     from predictor.foundation.errors import InputError
+    from scaler.cli import plan_inputs
     from scaler.cluster.pools import load_pools
-    from scaler.planning.planner import FleetCapacity, PoolCapacity, plan
+    from scaler.planning.planner import FleetCapacity, plan
 
     if (forecast_file is None) == (trace is None):
         raise InputError("give exactly one of --forecast and --trace")
@@ -360,9 +359,15 @@ def plan_command(
     pools = load_pools(pools_file)
     policy = _load_policy(policy_file, mode, target_shortage)
     lead = max(p.boot_steps(policy.step_seconds) for p in pools)
-    seen = _pairs(observed or [], "--observed", float)
+    seen = plan_inputs.observed_gpus(observed or [])
+    configured = plan_inputs.group_models(group_models or [], pools)
+    fleet = plan_inputs.fleet(fleet_spec or [], pools, pools_file)
+    when = datetime.now(UTC).replace(tzinfo=None) if at is None else plan_inputs.decision_time(at)
+    # The modes that plan on a forecast read its median and its base quantile.
+    reads_forecast = policy.mode in ("predictive", "hybrid")
+    needed = (policy.median_quantile, policy.base_quantile) if reads_forecast else ()
     if forecast_file is not None:
-        frame = _read_forecast(forecast_file)
+        frame = plan_inputs.read_forecast(forecast_file, needed)
     else:
         from predictor.data.loaders import load_trace
 
@@ -372,27 +377,7 @@ def plan_command(
         frame = forecaster.forecast(history, list(range(1, lead + 2)), sorted(set(quantiles))).frame
         last = history.sort_values("ds").groupby("unique_id")["y"].last()
         seen = {**{str(k): float(v) for k, v in last.items()}, **seen}
-    configured = {
-        group: spec.split("|")
-        for group, spec in _pairs(group_models or [], "--group-models", str).items()
-    }
     outlooks = _outlooks(frame, seen, configured, pools, forecast_file)
-    counts = _pairs(fleet_spec or [], "--fleet", str)
-    unknown = set(counts) - {p.name for p in pools}
-    if unknown:
-        raise InputError(f"--fleet names pools not in {pools_file}: {sorted(unknown)}")
-    fleet = []
-    for pool in pools:
-        ready, _, booting = counts.get(pool.name, "0").partition("+")
-        try:
-            fleet.append(PoolCapacity(pool.name, int(ready), int(booting or 0)))
-        except ValueError:
-            raise InputError(
-                f"--fleet {pool.name}: READY[+BOOTING] must be whole numbers"
-            ) from None
-    when = (
-        datetime.now(UTC).replace(tzinfo=None) if at is None else pd.Timestamp(at).to_pydatetime()
-    )
     decided = plan(outlooks, FleetCapacity(at=when, pools=tuple(fleet)), pools, policy)
     if as_json:
         typer.echo(json.dumps(decided.to_dict(), indent=2))
@@ -456,36 +441,6 @@ def _load_policy(
     return validated(PlannerPolicy, data, path, None if document is None else document.text)
 
 
-def _pairs(items: list[str], option: str, cast: type) -> dict[str, object]:
-    from predictor.foundation.errors import InputError
-
-    out: dict[str, object] = {}
-    for item in items:
-        key, sep, value = item.partition("=")
-        if not sep or not key:
-            raise InputError(f"{option} {item!r} must be NAME=VALUE")
-        try:
-            out[key] = cast(value)
-        except ValueError:
-            raise InputError(f"{option} {item!r}: {value!r} is not a {cast.__name__}") from None
-    return out
-
-
-def _read_forecast(path: Path) -> pd.DataFrame:
-    import pandas as pd
-
-    from predictor.foundation.errors import InputError
-
-    try:
-        frame = pd.read_csv(path)
-    except (OSError, pd.errors.ParserError, UnicodeDecodeError) as exc:
-        raise InputError(f"cannot read the forecast: {exc}", path=path) from None
-    for column in ("unique_id", "horizon"):
-        if column not in frame.columns:
-            raise InputError("missing column", path=path, column=column)
-    return frame
-
-
 def _outlooks(
     frame: pd.DataFrame,
     seen: dict[str, object],
@@ -496,12 +451,12 @@ def _outlooks(
     import numpy as np
 
     from predictor.foundation.errors import InputError
+    from predictor.models.forecast import quantile_column
     from scaler.cluster.pools import serving_models
     from scaler.planning.planner import DemandOutlook
 
+    # The columns are `quantile_column`'s (plan_inputs.read_forecast's or the model's).
     levels = tuple(sorted(float(c[1:]) for c in frame.columns if c.startswith("q")))
-    if not levels:
-        raise InputError("the forecast has no q<level> columns", path=source)
     out = []
     for group, rows in frame.groupby("unique_id", sort=True):
         rows = rows.sort_values("horizon")
@@ -516,7 +471,7 @@ def _outlooks(
             raise InputError(
                 f"no observed demand for group {group!r}: give --observed {group}=GPUS"
             )
-        values = np.column_stack([rows[f"q{q:g}"].to_numpy(dtype=float) for q in levels])
+        values = np.column_stack([rows[quantile_column(q)].to_numpy(dtype=float) for q in levels])
         out.append(
             DemandOutlook(
                 group=str(group),
