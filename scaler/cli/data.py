@@ -10,8 +10,9 @@ from typing import Annotated
 import typer
 
 from predictor.foundation.atomic_files import write_files
-from scaler.cli.output import table_console
+from scaler.cli.output import output_folder, table_console
 
+GENERATED = ("demand.csv", "jobs.csv", "pools.yaml")  # what `generate` writes into --out
 STATE_DIR_HELP = "State directory holding the telemetry store (created if missing)."
 
 
@@ -51,8 +52,8 @@ def generate(
     from scaler.evaluation.synthetic import generate as generate_workload
     from scaler.evaluation.synthetic import load_config, pools_document
 
+    output_folder(out, "--out", GENERATED)
     workload = generate_workload(load_config(config), seed=seed, days=days)
-    out.mkdir(parents=True, exist_ok=True)
     demand = workload.demand.rename(
         columns={"unique_id": "series_id", "ds": "timestamp", "y": "value"}
     )

@@ -28,8 +28,10 @@ def demo(
 
     from rich.progress import Progress, SpinnerColumn, TextColumn, TimeElapsedColumn
 
+    from scaler.cli.output import output_folder
     from scaler.evaluation.demo import run_demo
 
+    output_folder(out, "--out", ("report.md", "report.html", "figures.json"))
     with Progress(
         SpinnerColumn(), TextColumn("{task.description}"), TimeElapsedColumn(), transient=True
     ) as progress:

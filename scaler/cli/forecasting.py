@@ -9,7 +9,7 @@ from typing import Annotated
 import typer
 
 from predictor.foundation.atomic_files import write_text
-from scaler.cli.output import MODEL_KINDS, jsonable, table_console
+from scaler.cli.output import MODEL_KINDS, jsonable, output_file, table_console
 
 TraceOption = Annotated[
     list[str] | None,
@@ -154,6 +154,7 @@ def forecast_command(
     from predictor.lifecycle.training import load_sources, stepped_history
     from predictor.models.forecast import quantile_column
 
+    output_file(plot, "--plot")
     steps = sorted(set(horizons or [1, 3, 18]))
     levels = tuple(sorted(set(quantiles or [0.5, 0.9, 0.99])))
     if any(not 0.0 < q < 1.0 for q in levels):
@@ -242,6 +243,7 @@ def bench_forecast(
     from predictor.evaluation.backtest import HORIZONS, backtest_group, group_by_window, summarize
     from predictor.models import build
 
+    output_file(json_out, "--json")
     names = list(dict.fromkeys(models or BENCH_MODELS))
     for n in names:
         build(n)  # an unknown name fails before any trace is read

@@ -11,6 +11,7 @@ from typing import TYPE_CHECKING, Annotated
 import typer
 
 from predictor.foundation.atomic_files import write_file, write_text
+from scaler.cli.output import output_file
 
 if TYPE_CHECKING:
     from rich.progress import Progress
@@ -117,6 +118,8 @@ def register(app: typer.Typer, bench: typer.Typer) -> None:
         )
         from scaler.placement import POLICIES
 
+        output_file(json_out, "--json")
+        output_file(plot, "--plot")
         seed_list = parse_seeds(seeds)
         policy_list = [p.strip() for p in policies.split(",") if p.strip()]
         unknown = [p for p in policy_list if p not in POLICIES]

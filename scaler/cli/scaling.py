@@ -10,7 +10,7 @@ from typing import TYPE_CHECKING, Annotated
 import typer
 
 from predictor.foundation.atomic_files import write_text
-from scaler.cli.output import jsonable, table_console
+from scaler.cli.output import jsonable, output_file, output_folder, table_console
 
 if TYPE_CHECKING:
     import pandas as pd
@@ -21,6 +21,8 @@ if TYPE_CHECKING:
     from scaler.planning.planner import DemandOutlook, PlannerPolicy
 
 DEFAULT_MODEL = "gpuscale"
+# What `simulate` may write into --out (a replay's pictures or the job-level one).
+SIMULATE_FILES = ("summary.json", "fleet.png", "frontier.png", "jobs.png")
 
 
 def register(app: typer.Typer, bench: typer.Typer) -> None:
@@ -119,6 +121,7 @@ def bench_scaling(
     from scaler.evaluation.scaling_bench import BenchSettings, bench_trace, overview, summarize
     from scaler.planning.planner import PlannerPolicy
 
+    output_file(json_out, "--json")
     if mode not in ("predictive", "hybrid"):
         raise typer.BadParameter("must be predictive or hybrid", param_hint="--mode")
     if knobs and target_shortage is not None:
@@ -583,6 +586,7 @@ def simulate(
 
     if (trace is None) == (not synthetic):
         raise InputError("give exactly one of --trace and --synthetic")
+    output_folder(out, "--out", SIMULATE_FILES)
     if frontier and not synthetic:
         raise typer.BadParameter(
             "is for --synthetic (a replay always sweeps the knob)", param_hint="--frontier"
