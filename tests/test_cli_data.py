@@ -106,3 +106,29 @@ def test_bad_options(tmp_path: Path) -> None:
     config.write_text("start: 2024-01-01\ndays: -1\npools: []\nstreams: []\n")
     result = runner.invoke(app, ["generate", "--out", str(tmp_path), "--config", str(config)])
     assert isinstance(result.exception, InputError) and result.exception.column == "days"
+
+
+@pytest.mark.parametrize(
+    ("options", "message"),
+    [
+        (["--days", "0.0001"], "--days 0.0001: input should be greater than or equal to"),
+        (["--days", "nan"], "--days nan: input should be a finite number"),
+        (["--days", "inf"], "--days inf: input should be a finite number"),
+        (["--days", "1e9"], "--days 1e+09: input should be less than or equal to 365"),
+        (["--seed", "-1"], "Invalid value for '--seed'"),
+    ],
+)
+def test_generate_refuses_a_span_or_seed_out_of_range_and_writes_nothing(
+    tmp_path: Path, options: list[str], message: str
+) -> None:
+    """The config's own bounds on `days` hold for --days too (0.0001 wrote header-only files
+    and then failed; 1e9 asked for a 10 TiB array); a negative seed was numpy's traceback."""
+    out = tmp_path / "gen"
+    result = runner.invoke(app, ["generate", "--out", str(out), *options], env={"COLUMNS": "200"})
+    if isinstance(result.exception, InputError):  # main() makes it one line and exit 2
+        refused = str(result.exception)
+    else:
+        assert result.exit_code == 2, result.output
+        refused = result.output
+    assert message in refused
+    assert not out.exists()

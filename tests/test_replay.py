@@ -13,6 +13,7 @@ import pandas as pd
 import pytest
 
 from predictor.data.loaders import load_trace
+from predictor.foundation.errors import InputError
 from predictor.models import build
 from predictor.models.forecast import Forecaster
 from scaler.cluster.pools import NodePool
@@ -735,3 +736,30 @@ def test_a_multi_series_file_is_replayed_on_each_series_own_step(tmp_path: Path)
         assert s.step == STEP
         assert (s.warmup, s.start, s.end) == (288, 576, 864)  # 2 days of warm-up, 2 of test
         assert planner_run(item, 1, settings.policy).row()["steps"] == 288
+
+
+def test_a_lag_that_leaves_no_test_step_to_score_is_refused_before_forecasting(
+    tmp_path: Path,
+) -> None:
+    trace = load_trace(f"series:{_two_series_csv(tmp_path / 'two.csv')}", split="2024-01-05")
+
+    def unfitted() -> Forecaster:
+        raise AssertionError("the lag is checked before any model is built")
+
+    with pytest.raises(InputError, match=r"boot lag of 288 steps \(--lag\).*288-step test"):
+        prepare_trace(trace, unfitted, BenchSettings((0, 288), calibration_days=2))
+
+
+def test_simulate_synthetic_days_is_held_to_what_trains() -> None:
+    """--days 2 was allowed and failed after the workload was drawn (the default model had
+    no 12-hour horizon to train on); a span past the config's bound is refused too."""
+    from typer.testing import CliRunner
+
+    from scaler.cli import app
+
+    args = ["simulate", "--synthetic", "--out", "OUT"]
+    result = CliRunner().invoke(app, [*args, "--days", "2"], env={"COLUMNS": "200"})
+    assert result.exit_code == 2 and "Invalid value for '--days'" in result.output
+    result = CliRunner().invoke(app, [*args, "--days", "1e9"])
+    assert isinstance(result.exception, InputError) and "--days 1e+09" in str(result.exception)
+    assert not Path("OUT").exists()

@@ -104,6 +104,13 @@ def test_trace_of_the_workload(week) -> None:
         (lambda c: c["streams"][1].update(gpus={6: 1.0}), "streams.1.gpus"),
         (lambda c: c["streams"][1]["duration"].pop("median_minutes"), "streams.1.duration"),
         (lambda c: c.update(colour="blue"), "colour"),
+        # inf and rates past what is held in memory reached numpy ("lam value too large")
+        (lambda c: c["streams"][0].update(jobs_per_hour=float("inf")), "streams.0.jobs_per_hour"),
+        (lambda c: c["streams"][0].update(jobs_per_hour=1e12), "streams.0.jobs_per_hour"),
+        (lambda c: c["streams"][0]["bursts"].update(factor=1e300), "streams.0.bursts.factor"),
+        (lambda c: c["streams"][0]["bursts"].update(per_week=1e12), "streams.0.bursts.per_week"),
+        (lambda c: c.update(days=0.0001), "days"),  # under a minute: no demand at all
+        (lambda c: c.update(days=float("nan")), "days"),
     ],
 )
 def test_bad_config_names_the_field(tmp_path: Path, change, field: str) -> None:

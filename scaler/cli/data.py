@@ -34,7 +34,9 @@ def generate(
         Path | None,
         typer.Option("--config", help="Workload YAML (default: the shipped default)."),
     ] = None,
-    seed: Annotated[int, typer.Option("--seed", help="Random seed; same seed, same data.")] = 0,
+    seed: Annotated[
+        int, typer.Option("--seed", min=0, help="Random seed; same seed, same data.")
+    ] = 0,
     days: Annotated[
         float | None, typer.Option("--days", help="Days of history (default: the config's).")
     ] = None,
@@ -49,9 +51,11 @@ def generate(
     """
     import yaml
 
+    from scaler.evaluation.synthetic import checked_days, load_config, pools_document
     from scaler.evaluation.synthetic import generate as generate_workload
-    from scaler.evaluation.synthetic import load_config, pools_document
 
+    if days is not None:
+        checked_days(days, "--days")
     output_folder(out, "--out", GENERATED)
     workload = generate_workload(load_config(config), seed=seed, days=days)
     demand = workload.demand.rename(

@@ -548,8 +548,10 @@ def simulate(
     workload: Annotated[
         Path | None, typer.Option("--workload", help="Synthetic workload YAML (default shipped).")
     ] = None,
-    seed: Annotated[int, typer.Option("--seed", help="Workload seed.")] = 0,
-    days: Annotated[float, typer.Option("--days", min=2, help="Workload days (synthetic).")] = 21.0,
+    seed: Annotated[int, typer.Option("--seed", min=0, help="Workload seed.")] = 0,
+    # Under 3 days the default model has no 12-hour horizon to train on in the quarter of
+    # the span before the warm-up (2 failed late, after the workload was drawn).
+    days: Annotated[float, typer.Option("--days", min=3, help="Workload days (synthetic).")] = 21.0,
     boot_minutes: Annotated[
         float, typer.Option("--boot-minutes", min=0, help="Boot time of every pool (synthetic).")
     ] = 10.0,
@@ -612,6 +614,10 @@ def simulate(
     policy = _load_policy(None, mode, target_shortage, wait_share)
     if synthetic:
         import os
+
+        from scaler.evaluation.synthetic import checked_days
+
+        checked_days(days, "--days")
 
         summary = simulate_jobs(
             out,

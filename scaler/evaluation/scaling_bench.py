@@ -142,6 +142,9 @@ def prepare_trace(
         layouts[str(uid)] = (group.reset_index(drop=True), ds, warmup, start, end)
     if not layouts:
         return PreparedTrace([], 0.0, 0.0)
+    per_step = 1 if fine is None else step // fine.step  # the lag counts replay steps
+    test_steps = {uid: (end - start) * per_step for uid, (*_, start, end) in layouts.items()}
+    _check_lag(max(settings.lags), test_steps)
 
     fit_until = min(ds[warmup] for _, ds, warmup, _, _ in layouts.values())
     began = time.perf_counter()
@@ -203,6 +206,18 @@ def prepare_trace(
             )
         )
     return PreparedTrace(prepared, fit_seconds, forecast_seconds)
+
+
+def _check_lag(lag: int, test_steps: dict[str, int]) -> None:
+    """Refuse, before the forecasts (one per step and horizon up to the lag: minutes for a
+    long one), a boot lag no shorter than a series' test window: no node requested there
+    would be ready inside it, so no step is left to score."""
+    for uid, steps in test_steps.items():
+        if lag >= steps:
+            raise InputError(
+                f"a boot lag of {lag} steps (--lag) leaves nothing to score in the {steps}-step"
+                f" test window of series {uid}"
+            )
 
 
 @dataclass(frozen=True)

@@ -22,11 +22,11 @@ from dataclasses import dataclass
 from datetime import datetime
 from importlib import resources
 from pathlib import Path
-from typing import Literal
+from typing import Annotated, Literal
 
 import numpy as np
 import pandas as pd
-from pydantic import BaseModel, ConfigDict, Field, model_validator
+from pydantic import BaseModel, ConfigDict, Field, TypeAdapter, ValidationError, model_validator
 
 from predictor.data.loaders import DemandTrace
 from predictor.foundation.config_files import FieldError, load_model
@@ -36,12 +36,15 @@ from scaler.cluster.pools import NodePool
 DEFAULT_CONFIG_NAME = "synthetic_default.yaml"
 MINUTES_PER_DAY = 24 * 60
 WHOLE_GPU_MILLI = 1000
+# Every job of the span is drawn and held in memory: 10,000 an hour over a year is 88 million
+# rows, far past any cluster's scheduler (the default streams run 16-18 an hour).
+MAX_JOBS_PER_HOUR = 10_000
 
 
 class DurationConfig(BaseModel):
     """Log-normal run time in minutes, clipped to [min_minutes, max_minutes]."""
 
-    model_config = ConfigDict(extra="forbid")
+    model_config = ConfigDict(extra="forbid", allow_inf_nan=False)
 
     median_minutes: float = Field(gt=0)
     sigma: float = Field(ge=0, le=4)
@@ -58,11 +61,11 @@ class DurationConfig(BaseModel):
 class BurstConfig(BaseModel):
     """Episodes (a deadline, a sweep) when arrivals multiply by `factor`."""
 
-    model_config = ConfigDict(extra="forbid")
+    model_config = ConfigDict(extra="forbid", allow_inf_nan=False)
 
-    per_week: float = Field(default=0.0, ge=0)
+    per_week: float = Field(default=0.0, ge=0, le=7 * 24)  # each burst is drawn in a loop
     mean_hours: float = Field(default=3.0, gt=0)
-    factor: float = Field(default=3.0, ge=1)
+    factor: float = Field(default=3.0, ge=1, le=100)
 
 
 class StreamConfig(BaseModel):
@@ -70,12 +73,12 @@ class StreamConfig(BaseModel):
     at the start, shaped by the daily cycle (peak at `peak_hour`), the weekend factor, the
     weekly trend and the bursts."""
 
-    model_config = ConfigDict(extra="forbid")
+    model_config = ConfigDict(extra="forbid", allow_inf_nan=False)
 
     name: str = Field(min_length=1)
     kind: Literal["training", "inference"]
     pools: dict[str, float] = Field(min_length=1, description="pool name -> choice weight")
-    jobs_per_hour: float = Field(gt=0)
+    jobs_per_hour: float = Field(gt=0, le=MAX_JOBS_PER_HOUR)
     gpus: dict[int, float] = Field(min_length=1, description="GPUs per job -> weight")
     gpu_milli: dict[int, float] = Field(
         default={WHOLE_GPU_MILLI: 1.0}, description="share of a 1-GPU job's GPU -> weight"
@@ -107,10 +110,11 @@ class StreamConfig(BaseModel):
 class WorkloadConfig(BaseModel):
     """A cluster and its job streams."""
 
-    model_config = ConfigDict(extra="forbid")
+    model_config = ConfigDict(extra="forbid", allow_inf_nan=False)
 
     start: datetime
-    days: float = Field(gt=0, le=365)
+    # At least one minute: the demand is per minute, and a shorter span has none.
+    days: float = Field(ge=1 / MINUTES_PER_DAY, le=365)
     warmup_days: float = Field(default=3.0, ge=0, le=30)
     pools: list[NodePool] = Field(min_length=1)
     streams: list[StreamConfig] = Field(min_length=1)
@@ -168,6 +172,22 @@ class SyntheticWorkload:
         )
 
 
+# A `days` given apart from the config (generate's and simulate's --days), held to its bounds.
+DAYS = TypeAdapter(
+    Annotated[float, WorkloadConfig.model_fields["days"]], config=ConfigDict(allow_inf_nan=False)
+)
+
+
+def checked_days(days: float, name: str = "days") -> float:
+    """`days` if the config's `days` field takes it, else an InputError naming `name` (the
+    field, or the option it came from)."""
+    try:
+        return DAYS.validate_python(days)
+    except ValidationError as exc:
+        reason = exc.errors()[0]["msg"].lower()
+        raise InputError(f"{name} {days:g}: {reason}") from None
+
+
 def default_config_path() -> Path:
     """The shipped default (package data of `scaler.evaluation`; `data/synthetic/default.yaml` in
     the repository is a link to it)."""
@@ -183,9 +203,7 @@ def load_config(path: str | Path | None = None) -> WorkloadConfig:
 def generate(config: WorkloadConfig, seed: int, days: float | None = None) -> SyntheticWorkload:
     """Jobs and per-pool demand for `days` (default: the config's), the same for a seed."""
     rng = np.random.default_rng(seed)
-    span_days = config.days if days is None else days
-    if span_days <= 0:
-        raise InputError(f"days must be positive, not {span_days}")
+    span_days = config.days if days is None else checked_days(days)
     start = pd.Timestamp(config.start).floor("min")
     warmup = round(config.warmup_days * MINUTES_PER_DAY)
     minutes = round(span_days * MINUTES_PER_DAY)
