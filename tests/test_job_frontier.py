@@ -197,7 +197,7 @@ def test_gpuscale_simulate_synthetic_frontier_json(tmp_path: Path) -> None:
 
     workload = tmp_path / "small.yaml"
     workload.write_text(SMALL_WORKLOAD)
-    args = ["simulate", "--synthetic", "--workload", str(workload), "--days", "2"]
+    args = ["simulate", "--synthetic", "--workload", str(workload), "--days", "3"]
     args += ["--model", "empirical", "--workers", "1", "--out", str(tmp_path / "sim")]
     result = CliRunner().invoke(app, [*args, "--frontier", "--knob", "0.01", "--json"])
     assert result.exit_code == 0, result.output
