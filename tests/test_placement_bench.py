@@ -214,3 +214,38 @@ def test_scale_to_repeats_the_node_list_and_times_decisions(
     assert row["nodes"] == len(big)
     assert 0 < row["decision_ms_p50"] <= row["decision_ms_p99"]
     assert f"one placement decision on {len(big)} nodes: median" in result.output
+
+
+NODES = "sn,cpu_milli,memory_mib,gpu,model\nn0,96000,786432,8,V100M32\n"
+PODS = "name,cpu_milli,memory_mib,num_gpu,gpu_milli\np0,1000,1024,1,1000\n"
+
+
+@pytest.mark.parametrize(
+    ("nodes", "anchors", "where"),
+    [
+        (NODES + "n1,96000,786432,1000000,V100M32\n", None, "nodes.csv:3, column 'gpu'"),
+        ("sn,cpu_milli,memory_mib,gpu,model\nn0,96000,786432,0,\n", None, "the nodes hold no"),
+        (NODES, "absent.csv", "absent.csv: file not found"),
+        (NODES, "policy,alloc_at_100,alloc_at_130\nFGD,90,92\n", "column 'workload'"),
+        (NODES, "workload,policy,alloc_at_100,alloc_at_130\ndefault,FGD,x,92\n", "anchors.csv:2"),
+    ],
+)
+def test_a_node_list_or_anchors_file_the_bench_cannot_use_is_refused_by_name(
+    tmp_path: Path, nodes: str, anchors: str | None, where: str
+) -> None:
+    """Were a NodeSpec ValueError (a million GPUs), a ZeroDivisionError (no GPUs), and a
+    FileNotFoundError or KeyError (anchors)."""
+    from predictor.foundation.errors import InputError
+
+    (tmp_path / "nodes.csv").write_text(nodes)
+    (tmp_path / "openb_pod_list_x.csv").write_text(PODS)
+    args = ["bench", "placement", "--nodes", str(tmp_path / "nodes.csv"), "--seeds", "42"]
+    args += ["--pods", str(tmp_path / "openb_pod_list_x.csv"), "--policies", "bestfit"]
+    if anchors is not None:
+        path = tmp_path / ("anchors.csv" if "\n" in anchors else anchors)
+        if "\n" in anchors:
+            path.write_text(anchors)
+        args += ["--anchors", str(path)]
+    result = CliRunner().invoke(app, args)
+    assert isinstance(result.exception, InputError), result.output
+    assert where in str(result.exception)

@@ -111,6 +111,7 @@ def register(app: typer.Typer, bench: typer.Typer) -> None:
 
         from predictor.data.loaders import load_openb_nodes, load_openb_pods
         from scaler.evaluation.placement_bench import (
+            check_nodes,
             load_anchors,
             run_matrix,
             scaled_nodes,
@@ -133,6 +134,7 @@ def register(app: typer.Typer, bench: typer.Typer) -> None:
         if len(set(names)) != len(names):
             raise typer.BadParameter("two pod lists have the same workload name", "--pods")
         node_table = load_openb_nodes(nodes)
+        check_nodes(node_table, nodes)
         if scale_to is not None:
             node_table = scaled_nodes(node_table, scale_to)
         workloads = {name: load_openb_pods(path) for name, path in zip(names, pods, strict=True)}

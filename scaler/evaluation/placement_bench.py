@@ -27,7 +27,9 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 
+from predictor.foundation.errors import InputError
 from scaler.cluster.job import Job
+from scaler.cluster.limits import MAX_NODE_GPUS
 from scaler.cluster.snapshot import ClusterState
 from scaler.placement.decision import Placement
 from scaler.placement.engine import place
@@ -261,17 +263,37 @@ def _execute(
 
 
 def load_anchors(path: str | Path) -> dict[tuple[str, str], tuple[float, float]]:
-    """Published (alloc_at_100, alloc_at_130) by (workload, our policy name)."""
-    import pandas as pd
+    """Published (alloc_at_100, alloc_at_130) by (workload, our policy name); a missing
+    file, column or share (0..100) is an InputError naming it."""
+    from predictor.data.loaders.csvfile import read_table
 
-    table = pd.read_csv(path)
+    table = read_table(
+        path, ["workload", "policy", "alloc_at_100", "alloc_at_130"], text=["workload", "policy"]
+    )
     return {
-        (str(w), PUBLISHED_NAMES.get(str(p), str(p).lower())): (float(a), float(b))
+        (w, PUBLISHED_NAMES.get(p, p.lower())): (float(a), float(b))
         for w, p, a, b in zip(
-            table["workload"],
-            table["policy"],
-            table["alloc_at_100"],
-            table["alloc_at_130"],
+            table.text("workload"),
+            table.text("policy"),
+            table.numbers("alloc_at_100", maximum=100),
+            table.numbers("alloc_at_130", maximum=100),
             strict=True,
         )
     }
+
+
+def check_nodes(nodes: pd.DataFrame, path: str | Path) -> None:
+    """What the benchmark needs of a loaded node list beyond the loader's checks: every node
+    within a node's GPU limit (NodeSpec would raise a bare ValueError) and some GPUs in all
+    (the shares allocated are of the total)."""
+    over = (nodes["gpu"] > MAX_NODE_GPUS).to_numpy()
+    if over.any():
+        row = int(over.argmax())
+        raise InputError(
+            f"{nodes['gpu'].iloc[row]} GPUs; a node holds 0 to {MAX_NODE_GPUS}",
+            path=path,
+            line=row + 2,  # load_openb_nodes keeps the file's rows in order after its header
+            column="gpu",
+        )
+    if nodes["gpu"].sum() == 0:
+        raise InputError("the nodes hold no GPUs: there is no share to allocate", path=path)
