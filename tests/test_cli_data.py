@@ -101,7 +101,8 @@ def test_bad_options(tmp_path: Path) -> None:
     )
     assert result.exit_code == 2 and "--step" in result.output
     result = runner.invoke(app, ["store", "show", "--state-dir", str(tmp_path / "absent")])
-    assert result.exit_code == 2
+    assert isinstance(result.exception, InputError)
+    assert "no telemetry store here" in str(result.exception)
     config = tmp_path / "bad.yaml"
     config.write_text("start: 2024-01-01\ndays: -1\npools: []\nstreams: []\n")
     result = runner.invoke(app, ["generate", "--out", str(tmp_path), "--config", str(config)])

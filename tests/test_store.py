@@ -172,13 +172,14 @@ def test_readers_never_create_a_store_and_the_first_write_does(tmp_path: Path) -
     assert TelemetryStore.existing(state).count() == 3
 
 
-def test_store_show_on_an_empty_folder_leaves_it_empty(tmp_path: Path) -> None:
+def test_store_show_on_an_empty_folder_says_so_and_leaves_it_empty(tmp_path: Path) -> None:
     from typer.testing import CliRunner
 
     from scaler.cli import app
 
     result = CliRunner().invoke(app, ["store", "show", "--state-dir", str(tmp_path), "--json"])
-    assert result.exit_code == 0, result.output
+    assert isinstance(result.exception, InputError), result.output
+    assert "no telemetry store here" in str(result.exception)
     assert list(tmp_path.iterdir()) == []
 
 

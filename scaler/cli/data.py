@@ -191,9 +191,7 @@ def store_show(
     """Show the series in the telemetry store (span and points) and the recorded gaps."""
     from predictor.telemetry.store import TelemetryStore
 
-    if not state_dir.is_dir():
-        raise typer.BadParameter(f"no such directory: {state_dir}", param_hint="--state-dir")
-    store = TelemetryStore(state_dir)
+    store = TelemetryStore.existing(state_dir)  # a wrong folder is named, not shown empty
     series, gaps = store.series(metric), store.gaps()
     if as_json:
         document = {

@@ -125,7 +125,12 @@ def forecast_command(
     registry: RegistryOption = Path("models"),
     horizons: Annotated[
         list[int] | None,
-        typer.Option("--horizon", min=1, help="Steps (10 min) ahead; repeat (default 1, 3, 18)."),
+        typer.Option(
+            "--horizon",
+            min=1,
+            max=1008,  # a week of 10-minute steps: a trillion allocated its arrays first
+            help="Steps (10 min) ahead, at most a week; repeat (default 1, 3, 18).",
+        ),
     ] = None,
     quantiles: Annotated[
         list[float] | None,
