@@ -96,13 +96,14 @@ class ProviderContract:
             group.increase_size(delta)
         assert group.target_size() == 0
 
-    def test_increase_past_max_is_refused_whole(self, cloud: ContractCloud) -> None:
+    def test_increase_past_max_grows_to_max(self, cloud: ContractCloud) -> None:
         group = cloud.group("a100")
         group.increase_size(3)
-        with pytest.raises(ProviderError):
-            group.increase_size(2)
+        group.increase_size(2)
+        assert group.target_size() == 4
+        group.increase_size(1)  # at max already: nothing to do, nothing refused
         cloud.provider.refresh()
-        assert group.target_size() == 3 and len(group.nodes()) == 3
+        assert group.target_size() == 4 and len(group.nodes()) == 4
 
     def test_delete_removes_exactly_the_named_nodes(self, cloud: ContractCloud) -> None:
         group = cloud.group("a100")

@@ -229,9 +229,44 @@ def test_bounds_are_the_tighter_of_pool_and_group(aws: Aws) -> None:
     cloud = aws.cloud([pool], [AwsPoolBinding(pool=pool.name, auto_scaling_group=name)])
     (group,) = cloud.node_groups()
     assert (group.min_size(), group.max_size(), group.target_size()) == (1, 3, 1)
-    with pytest.raises(ProviderError, match="exceeds max 3"):
-        group.increase_size(3)
-    assert aws.describe(name)["DesiredCapacity"] == 1
+
+
+def test_growth_past_the_groups_max_size_stops_there_and_says_why(
+    aws: Aws, caplog: pytest.LogCaptureFixture
+) -> None:
+    """The pool allows 6, the Auto Scaling group 3: asked for 1 + 5, the group grows to
+    3 (it used to refuse the whole growth and stay at 1) and the log names the bound."""
+    pool = a100(max_size=6).model_copy(update={"min_size": 1})
+    name = aws.asg("tight", min_size=0, max_size=3, desired=1)
+    cloud = aws.cloud([pool], [AwsPoolBinding(pool=pool.name, auto_scaling_group=name)])
+    (group,) = cloud.node_groups()
+    with caplog.at_level("WARNING", logger="scaler.providers.pool_group"):
+        group.increase_size(5)
+    assert aws.describe(name)["DesiredCapacity"] == 3
+    assert group.target_size() == 3
+    assert f"a100: 6 nodes asked, target 3: max 3 (the MaxSize of Auto Scaling group {name})" in (
+        caplog.messages
+    )
+
+
+def test_growth_is_set_from_the_target_seen_not_added_to_a_raise_since(aws: Aws) -> None:
+    """The pass read 1 and wants 3 (+2); someone raises the group to 2 before the change
+    lands: the group goes to 3, not 2 + 2. Raised past 3 instead, it is left there (a
+    lower desired capacity would let AWS terminate instances of its choosing)."""
+    pool = a100(max_size=6)
+    name = aws.asg("raced", max_size=10, desired=1)
+    cloud = aws.cloud([pool], [AwsPoolBinding(pool=pool.name, auto_scaling_group=name)])
+    cloud.refresh()
+    (group,) = cloud.node_groups()
+    scaling = aws.client("autoscaling")
+    scaling.set_desired_capacity(AutoScalingGroupName=name, DesiredCapacity=2)
+    group.increase_size(2)
+    assert aws.describe(name)["DesiredCapacity"] == 3
+    cloud.refresh()
+    scaling.set_desired_capacity(AutoScalingGroupName=name, DesiredCapacity=5)
+    group.increase_size(1)
+    assert aws.describe(name)["DesiredCapacity"] == 5
+    assert group.target_size() == 5
 
 
 def test_throttling_and_server_errors_are_retried(aws: Aws) -> None:

@@ -353,6 +353,14 @@ class AwsNodeGroup(CloudStateGroup[_GroupState]):
     def target_size(self) -> int:
         return self._current().desired
 
+    def _max_reason(self) -> str:
+        if self._current().max_size >= self._pool.max_size:
+            return super()._max_reason()
+        b = self.binding
+        if b.auto_scaling_group is not None:
+            return f"the MaxSize of Auto Scaling group {b.auto_scaling_group}"
+        return f"the maxSize of EKS node group {b.eks_nodegroup}"
+
     def delete_nodes(self, names: Sequence[str]) -> None:
         target = self._shrunk_target(names)
         try:

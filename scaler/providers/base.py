@@ -6,8 +6,10 @@ to (so the node that goes is the idle or drained one the planner chose, never a 
 Invariants every provider keeps (tests/provider_contract.py checks them):
 - `target_size()` equals the number of nodes the group holds or is launching, and stays
   within `[min_size(), max_size()]`;
-- `increase_size(delta)` needs delta > 0 and target + delta <= max, else raises
-  `ProviderError` and changes nothing;
+- `increase_size(delta)` needs delta > 0, else raises `ProviderError` and changes
+  nothing; it sets the target to `target_size()` (as the caller read it) + delta, capped
+  at `max_size()` as the cloud reports it now, and never lowers the cloud's current
+  target (a cap is logged with its reason);
 - `delete_nodes(names)` removes exactly those nodes and lowers the target by as many; a
   name not in the group, a repeated name, or going below min raises `ProviderError` and
   changes nothing;

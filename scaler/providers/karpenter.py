@@ -202,6 +202,12 @@ class KarpenterNodeGroup(CloudStateGroup[_PoolState]):
     def target_size(self) -> int:
         return self._current().replicas
 
+    def _max_reason(self) -> str:
+        limit = self._current().node_limit
+        if limit is None or limit >= self._pool.max_size:
+            return super()._max_reason()
+        return f"limits.nodes of NodePool {self.node_pool}"
+
     def delete_nodes(self, names: Sequence[str]) -> None:
         target = self._shrunk_target(names)
         claims = {n: self._claim(n) for n in names}

@@ -3,8 +3,9 @@ checks on size requests (scaler/providers/base.py), so each provider writes only
 cloud holds, grows and removes nodes.
 
 - `PoolGroup`: id, bounds and template are the pool's (a provider tightens the bounds by
-  overriding them), and `_grown_target`/`_shrunk_target` refuse a request the contract
-  forbids before anything changes.
+  overriding them, and says which bound it is in `_max_reason`); `_grown_target` caps a
+  growth at the max (logging the cap and its reason) and `_shrunk_target` refuses a
+  removal the contract forbids, before anything changes.
 - `CloudStateGroup`: a group whose state is read from a cloud and kept until the next
   read; it reads again right before checking a change (so the change is computed from the
   cloud's current numbers) and after making it (so the group reports what it did).
@@ -12,6 +13,7 @@ cloud holds, grows and removes nodes.
 
 from __future__ import annotations
 
+import logging
 from abc import ABC, abstractmethod
 from collections.abc import Callable, Sequence
 from typing import Generic, TypeVar
@@ -20,6 +22,21 @@ from scaler.cluster.pools import NodePool
 from scaler.providers.base import ProviderError
 
 StateT = TypeVar("StateT")
+
+log = logging.getLogger(__name__)
+
+
+def grown_target(seen: int, delta: int, current: int, maximum: int) -> int:
+    """The target a growth by `delta` sets: `delta` above `seen`, the target the caller
+    decided from, at most `maximum`, and never below `current`, what the cloud holds now.
+
+    Set, not added to `current`: when someone else (a person, a scheduled action, a
+    change of ours the cloud's read did not show yet) raised the target between the
+    caller's read and now, `current + delta` would launch the caller's nodes on top of
+    theirs, and the same decision taken twice would launch twice. Never below `current`:
+    lowering a desired capacity lets the cloud terminate instances of its own choosing,
+    and the contract removes only the nodes it is told to."""
+    return max(current, min(seen + delta, maximum))
 
 
 class PoolGroup(ABC):
@@ -51,18 +68,32 @@ class PoolGroup(ABC):
         """The target to check a change against (a cached group reads the cloud first)."""
         return self.target_size()
 
+    def _max_reason(self) -> str:
+        """Which bound `max_size()` is, for the log line of a capped growth."""
+        return "the pool's max_size"
+
     def _grown_target(self, delta: int) -> int:
-        """The target after growing by `delta`; raises `ProviderError` if the contract
-        forbids it."""
+        """The target after growing by `delta` (`grown_target`), capped at `max_size()` as
+        the cloud reports it now; raises `ProviderError` if `delta` is not positive."""
         if delta <= 0:
             raise ProviderError(f"{self.id()}: size increase must be positive, got {delta}")
-        target = self._fresh_target()
-        if target + delta > self.max_size():
-            raise ProviderError(
-                f"{self.id()}: size increase too large: {target} + {delta} "
-                f"exceeds max {self.max_size()}"
+        seen = self.target_size()  # before the fresh read: the number the caller saw
+        current = self._fresh_target()
+        maximum = self.max_size()
+        target = grown_target(seen, delta, current, maximum)
+        if seen + delta > maximum:
+            # The planner caps at the pool's max_size only; the cloud's own max may be
+            # lower (an ASG's MaxSize, a NodePool's limits.nodes), and growing as far as
+            # it allows beats refusing the whole growth.
+            log.warning(
+                "%s: %d nodes asked, target %d: max %d (%s)",
+                self.id(),
+                seen + delta,
+                target,
+                maximum,
+                self._max_reason(),
             )
-        return target + delta
+        return target
 
     def _shrunk_target(self, names: Sequence[str]) -> int:
         """The target after removing the named nodes; raises `ProviderError` if one is not
@@ -98,6 +129,8 @@ class CloudStateGroup(PoolGroup, Generic[StateT]):
 
     def increase_size(self, delta: int) -> None:
         target = self._grown_target(delta)
+        if target == self.target_size():  # read fresh by _grown_target: nothing to set
+            return
         try:
             self._set_target(target)
         finally:

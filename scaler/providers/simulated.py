@@ -188,8 +188,9 @@ class SimulatedNodeGroup(PoolGroup):
         return len(self._cloud._instances[self._pool.name])
 
     def increase_size(self, delta: int) -> None:
-        self._grown_target(delta)
-        self._cloud._launch(self._pool, delta)
+        launch = self._grown_target(delta) - self.target_size()
+        if launch:
+            self._cloud._launch(self._pool, launch)
 
     def delete_nodes(self, names: Sequence[str]) -> None:
         self._shrunk_target(names)
