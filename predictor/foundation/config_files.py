@@ -105,6 +105,9 @@ def validated(
         cause = first.get("ctx", {}).get("error")
         if isinstance(cause, FieldError):
             field, message = cause.field, str(cause)
+            # A check across fields runs on the section above the field it names: the
+            # line (and any overriding variable) is the named field's.
+            loc = tuple(int(p) if p.isdigit() else p for p in field.split("."))
         else:
             field = ".".join(str(part) for part in loc) or None
             message = first["msg"].removeprefix("Value error, ")

@@ -40,7 +40,7 @@ from pydantic import (
     model_validator,
 )
 
-from predictor.foundation.config_files import FileSettings, load_model
+from predictor.foundation.config_files import FieldError, FileSettings, load_model
 from predictor.foundation.errors import InputError
 from predictor.telemetry.config import KubernetesSettings
 from predictor.telemetry.kube_objects import KUBE_NAMES, KubeNames
@@ -108,6 +108,16 @@ class ProviderSection(_Section):
 
     @model_validator(mode="after")
     def _aws_needs_bindings(self) -> ProviderSection:
+        # A section for another kind is never read: refused, so that an `aws` section
+        # without `kind: aws` does not quietly run the simulated cloud.
+        for other in ("simulated", "aws", "karpenter"):
+            if other != self.kind and other in self.model_fields_set:
+                default = "" if "kind" in self.model_fields_set else " (the default)"
+                raise FieldError(
+                    f"provider.{other}",
+                    f"given but provider.kind is {self.kind}{default}: set kind {other}"
+                    " or remove the section",
+                )
         if self.kind == "aws" and self.aws is None:
             raise ValueError("provider kind aws needs an `aws` section with bindings")
         if self.kind == "karpenter" and self.karpenter is None:
