@@ -23,8 +23,11 @@ def base(tmp_path: Path) -> dict[str, Any]:
     return {"state_dir": str(tmp_path / "state"), "pools": [pool(max_size=10)]}
 
 
-def with_(path: tuple[str, ...], value: Any) -> Callable[[dict[str, Any]], None]:
+def with_(path: tuple[str, ...], value: Any, **top: Any) -> Callable[[dict[str, Any]], None]:
+    """Set the field at `path` to `value`, and any top-level sections `top` names."""
+
     def change(config: dict[str, Any]) -> None:
+        config.update(top)
         section = config
         for key in path[:-1]:
             section = section.setdefault(key, {})
@@ -44,6 +47,67 @@ REFUSED = {
         with_(("provider",), {"kind": "aws", "aws": AWS, "simulated": {"seed": 1}}),
         "provider.simulated",
         "given but provider.kind is aws:",
+    ),
+    "aws binding for no pool": (
+        with_(
+            ("provider",),
+            {
+                "kind": "aws",
+                "aws": {
+                    **AWS,
+                    "bindings": [*AWS["bindings"], {"pool": "v100", "auto_scaling_group": "x"}],
+                },
+            },
+        ),
+        "provider.aws.bindings",
+        "names pools not in `pools`: v100",
+    ),
+    "karpenter NodePool for no pool": (
+        with_(
+            ("provider",),
+            {
+                "kind": "karpenter",
+                "karpenter": {
+                    "node_pools": [
+                        {"pool": "a100", "node_pool": "a"},
+                        {"pool": "zzz", "node_pool": "z"},
+                    ]
+                },
+            },
+            kubernetes={"host": "http://127.0.0.1:9"},
+        ),
+        "provider.karpenter.node_pools",
+        "names pools not in `pools`: zzz",
+    ),
+    "bad region": (
+        with_(("provider",), {"kind": "aws", "aws": {**AWS, "region": "not a region!"}}),
+        "provider.aws.region",
+        "not a region name: 'not a region!'",
+    ),
+    "endpoint not a URL": (
+        with_(("provider",), {"kind": "aws", "aws": {**AWS, "endpoint_url": "notaurl"}}),
+        "provider.aws.endpoint_url",
+        "not an endpoint URL (scheme and host): 'notaurl'",
+    ),
+    "initial size above max": (
+        with_(("provider", "simulated", "initial_sizes"), {"a100": 500}),
+        "provider.simulated.initial_sizes.a100",
+        "500 is above the pool's max_size 10",
+    ),
+    "capacity for no pool": (
+        with_(("provider", "simulated", "capacity"), {"v100": 3}),
+        "provider.simulated.capacity",
+        "names pools not in `pools`: v100",
+    ),
+    "unknown placement policy": (
+        with_(("placement", "policy"), "nosuch"),
+        "placement.policy",
+        "unknown placement policy 'nosuch' (known: random, bestfit,",
+    ),
+    "demand group on a GPU model no pool has": (
+        with_(("demand", "groups"), {"x": {"gpu_models": ["A100", "Z9000"]}}),
+        "demand.groups.x.gpu_models",
+        "no pool has GPU model Z9000 (pools have A100)",
     ),
 }
 

@@ -53,6 +53,7 @@ from scaler.kube.capacity_buffers import BufferSettings
 from scaler.kube.mig_manager import MigManagerSettings
 from scaler.kube.placeholders import PlaceholderSettings
 from scaler.placement.mix import WorkloadMix
+from scaler.placement.policies import POLICIES
 from scaler.planning.planner import PlannerPolicy
 from scaler.providers.aws import AwsSettings
 from scaler.providers.karpenter import KarpenterSettings
@@ -384,6 +385,14 @@ class PlacementSection(_Section):
     )
     sync_s: float = Field(default=5.0, ge=0, description="re-list Kubernetes at most this often")
 
+    @field_validator("policy")
+    @classmethod
+    def _known_policy(cls, value: str) -> str:
+        # Checked here, not on the first pass: every pass makes the policy again.
+        if value not in POLICIES:
+            raise ValueError(f"unknown placement policy {value!r} (known: {', '.join(POLICIES)})")
+        return value
+
 
 class DefragSection(_Section):
     """`gpuscale defrag`: which pods may be moved, how many moves a window allows, and how
@@ -481,11 +490,47 @@ class LiveConfig(FileSettings):
                     " letters, digits and '-', at most 40): set kubernetes.pre_position none"
                     " or rename"
                 )
-        sizes = self.provider.simulated.initial_sizes
-        unknown = sorted(set(sizes) - set(names))
-        if unknown:
-            raise ValueError(f"initial_sizes names unknown pools: {', '.join(unknown)}")
+        _known_pools(self.pools, self.provider)
+        _known_models(self.pools, self.demand)
         return self
+
+
+def _known_pools(pools: Sequence[NodePool], provider: ProviderSection) -> None:
+    """Every pool the provider section names is one of `pools`, and no initial size is
+    above its pool's max_size (the cloud could not start there)."""
+    by_name = {p.name: p for p in pools}
+    named: dict[str, Sequence[str]] = {
+        "provider.simulated.initial_sizes": list(provider.simulated.initial_sizes),
+        "provider.simulated.capacity": list(provider.simulated.capacity),
+    }
+    if provider.aws is not None:
+        named["provider.aws.bindings"] = [b.pool for b in provider.aws.bindings]
+    if provider.karpenter is not None:
+        named["provider.karpenter.node_pools"] = [b.pool for b in provider.karpenter.node_pools]
+    for field, names in named.items():
+        unknown = sorted(set(names) - set(by_name))
+        if unknown:
+            raise FieldError(field, f"names pools not in `pools`: {', '.join(unknown)}")
+    for name, size in provider.simulated.initial_sizes.items():
+        if size > by_name[name].max_size:
+            raise FieldError(
+                f"provider.simulated.initial_sizes.{name}",
+                f"{size} is above the pool's max_size {by_name[name].max_size}",
+            )
+
+
+def _known_models(pools: Sequence[NodePool], demand: DemandSection) -> None:
+    """Every GPU model a demand group may use is some pool's: a misspelt one would leave
+    the group's demand with no pool to serve it."""
+    models = {p.gpu_model for p in pools}
+    for group, settings in demand.groups.items():
+        unknown = sorted(set(settings.gpu_models) - models)
+        if unknown:
+            raise FieldError(
+                f"demand.groups.{group}.gpu_models",
+                f"no pool has GPU model {', '.join(unknown)}"
+                f" (pools have {', '.join(sorted(models))})",
+            )
 
 
 def load_live_config(path: Path) -> LiveConfig:

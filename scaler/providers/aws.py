@@ -31,8 +31,9 @@ from typing import Any, TypeVar
 
 import boto3
 from botocore.config import Config
-from botocore.exceptions import BotoCoreError, ClientError
-from pydantic import BaseModel, ConfigDict, Field, model_validator
+from botocore.exceptions import BotoCoreError, ClientError, InvalidRegionError
+from botocore.utils import is_valid_endpoint_url, validate_region_name
+from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
 from scaler.cluster.pools import NodePool
 from scaler.providers.base import Node, NodeStatus, ProviderError
@@ -100,6 +101,24 @@ class AwsSettings(BaseModel):
     busy_backoff_max_s: float = Field(default=20.0, ge=0)
     connect_timeout_s: float = Field(default=5.0, gt=0)
     read_timeout_s: float = Field(default=30.0, gt=0)
+
+    # botocore's own checks, run when the config is read rather than when the clients are
+    # made: there a bad value ends the start in a traceback.
+    @field_validator("region")
+    @classmethod
+    def _region_named(cls, value: str | None) -> str | None:
+        try:
+            validate_region_name(value)
+        except InvalidRegionError:
+            raise ValueError(f"not a region name: {value!r}") from None
+        return value
+
+    @field_validator("endpoint_url")
+    @classmethod
+    def _endpoint_is_url(cls, value: str | None) -> str | None:
+        if value is not None and not is_valid_endpoint_url(value):
+            raise ValueError(f"not an endpoint URL (scheme and host): {value!r}")
+        return value
 
     @model_validator(mode="after")
     def _unique_pools(self) -> AwsSettings:
