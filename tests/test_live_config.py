@@ -5,6 +5,8 @@ one line naming the config file and the field, exit code 2, no traceback."""
 from __future__ import annotations
 
 import copy
+import subprocess
+import sys
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -13,7 +15,10 @@ import pytest
 from live_fixtures import pool, write_config
 
 from predictor.foundation.errors import InputError
+from predictor.telemetry.config import KubernetesSettings
+from predictor.telemetry.kubernetes import api_client
 from scaler.controller.config import load_live_config
+from scaler.controller.system import LiveSystem
 
 REPO = Path(__file__).resolve().parents[1]
 AWS = {"region": "us-east-1", "bindings": [{"pool": "a100", "auto_scaling_group": "gpu-a100"}]}
@@ -141,3 +146,78 @@ def test_a_provider_section_for_the_kind_in_effect_still_loads(tmp_path: Path) -
     assert load_live_config(write_config(tmp_path / "aws.yaml", aws)).provider.aws is not None
     shipped = load_live_config(REPO / "deploy" / "live-simulated.yaml")
     assert shipped.provider.kind == "simulated"
+
+
+@pytest.mark.parametrize("state_dir", ["a-file", "/proc/gpuscale"])
+def test_a_state_dir_that_cannot_hold_state_names_the_field(tmp_path: Path, state_dir: str) -> None:
+    (tmp_path / "a-file").write_text("x")
+    config = base(tmp_path)
+    config["state_dir"] = str(tmp_path / state_dir) if state_dir == "a-file" else state_dir
+    path = write_config(tmp_path / "live.yaml", config)
+    with pytest.raises(InputError) as caught:
+        LiveSystem.build(load_live_config(path), source=path)
+    assert (caught.value.path, caught.value.column) == (str(path), "state_dir")
+    assert caught.value.reason.startswith(f"cannot keep state in {config['state_dir']}: ")
+
+
+@pytest.mark.parametrize(
+    "environment",
+    [{"AWS_DEFAULT_REGION": "not a region!"}, {"AWS_ENDPOINT_URL": "notaurl"}],
+    ids=["region", "endpoint"],
+)
+def test_a_bad_value_from_the_aws_environment_names_the_provider(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, environment: dict[str, str]
+) -> None:
+    """The config leaves region and endpoint to boto3's chain, which reads them from the
+    environment: only making the clients can tell they are bad."""
+    monkeypatch.delenv("AWS_REGION", raising=False)
+    monkeypatch.setenv("AWS_DEFAULT_REGION", "us-east-1")
+    for name, value in environment.items():
+        monkeypatch.setenv(name, value)
+    config = base(tmp_path)
+    config["provider"] = {"kind": "aws", "aws": {**AWS, "region": None}}
+    path = write_config(tmp_path / "live.yaml", config)
+    with pytest.raises(InputError) as caught:
+        LiveSystem.build(load_live_config(path), source=path)
+    assert (caught.value.path, caught.value.column) == (str(path), "provider")
+    assert "cannot create AWS clients" in caught.value.reason
+    assert not (tmp_path / "state").exists()  # nothing written before the refusal
+
+
+@pytest.mark.parametrize("text", ["hello\n", "- a\n- b\n", "clusters: x\ncontexts: 3\n", "a: [\n"])
+def test_a_kubeconfig_that_is_not_one_is_an_input_error_naming_it(
+    tmp_path: Path, text: str
+) -> None:
+    kubeconfig = tmp_path / "kubeconfig"
+    kubeconfig.write_text(text)
+    with pytest.raises(InputError) as caught:
+        api_client(KubernetesSettings(kubeconfig=kubeconfig))
+    assert caught.value.path == str(kubeconfig)
+    assert "not a kubeconfig" in caught.value.reason
+
+
+@pytest.mark.parametrize("command", ["scale", "defrag"])
+def test_through_the_command_line_a_bad_config_is_one_line_and_exit_2(
+    tmp_path: Path, command: str
+) -> None:
+    """Refused at build time (a state_dir that is a file) and on reading (a placement
+    policy both commands make on every pass): one line on stderr, exit code 2."""
+    (tmp_path / "a-file").write_text("x")
+    config = base(tmp_path)
+    config["state_dir"] = str(tmp_path / "a-file")
+    config["kubernetes"] = {"host": "http://127.0.0.1:9"}
+    built = write_config(tmp_path / "built.yaml", config)
+    read = write_config(tmp_path / "read.yaml", {**config, "placement": {"policy": "nosuch"}})
+    for path, field in ((built, "state_dir"), (read, "placement.policy")):
+        extra = ["--once"] if command == "scale" else []
+        done = subprocess.run(
+            [sys.executable, "-m", "scaler", command, "--config", str(path), *extra],
+            capture_output=True,
+            text=True,
+            cwd=REPO,
+            timeout=120,
+        )
+        lines = done.stderr.strip().splitlines()
+        assert done.returncode == 2, done.stderr
+        assert len(lines) == 1 and lines[0].startswith(f"error: {path}"), done.stderr
+        assert f"column '{field}'" in lines[0]

@@ -36,6 +36,7 @@ from typing import Any, Generic, TypeVar
 
 import pandas as pd
 import urllib3
+import yaml
 from kubernetes import client as k8s
 from kubernetes import config as k8s_config
 from kubernetes import watch as k8s_watch
@@ -103,9 +104,7 @@ def api_client(settings: KubernetesSettings) -> k8s.ApiClient:
     given, else from the pod's service account."""
     try:
         if settings.kubeconfig is not None:
-            return k8s_config.new_client_from_config(
-                config_file=str(settings.kubeconfig), context=settings.context
-            )
+            return _kubeconfig_client(settings)
         configuration = k8s.Configuration()
         k8s_config.load_incluster_config(client_configuration=configuration)
         return k8s.ApiClient(configuration)
@@ -114,6 +113,21 @@ def api_client(settings: KubernetesSettings) -> k8s.ApiClient:
             f"cannot configure the Kubernetes client: {exc}",
             path=settings.kubeconfig,
         ) from exc
+
+
+def _kubeconfig_client(settings: KubernetesSettings) -> k8s.ApiClient:
+    try:
+        return k8s_config.new_client_from_config(
+            config_file=str(settings.kubeconfig), context=settings.context
+        )
+    except (yaml.YAMLError, TypeError):
+        # The client's loader indexes whatever YAML it parsed: a file that is not a
+        # mapping of clusters, contexts and users fails there with a TypeError.
+        raise InputError(
+            "cannot configure the Kubernetes client: not a kubeconfig (a YAML mapping of"
+            " clusters, contexts and users)",
+            path=settings.kubeconfig,
+        ) from None
 
 
 def kube_names(settings: KubernetesSettings) -> KubeNames:

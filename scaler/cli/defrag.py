@@ -93,7 +93,7 @@ def defrag(
     from scaler.controller.defrag import Defragmenter
     from scaler.controller.journal import DecisionJournal
     from scaler.controller.metrics import DefragMetrics
-    from scaler.controller.system import kube_client
+    from scaler.controller.system import in_state_dir, kube_client
     from scaler.kube.errors import KubeError
 
     logging.basicConfig(
@@ -106,8 +106,9 @@ def defrag(
     section = settings.defrag.model_copy(
         update={k: v for k, v in overrides.items() if v is not None}
     )
+    journal = in_state_dir(settings, DecisionJournal, source=config)
     api = kube_client(settings.kubernetes)
-    defragmenter = Defragmenter(settings, api, DecisionJournal(settings.state_dir))
+    defragmenter = Defragmenter(settings, api, journal)
     metrics = DefragMetrics()
     stop_metrics = metrics.serve(metrics_port) if metrics_port is not None else None
     stop = threading.Event()

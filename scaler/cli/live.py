@@ -93,7 +93,7 @@ def scale(
         level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s"
     )
     settings = load_live_config(config)
-    system = LiveSystem.build(settings)
+    system = LiveSystem.build(settings, source=config)
     stop = threading.Event()
     previous = {s: signal.signal(s, lambda *_: stop.set()) for s in (signal.SIGTERM, signal.SIGINT)}
     elector = None

@@ -4,13 +4,17 @@ the telemetry store, the decision log and the forecaster. `gpuscale scale` and
 
 from __future__ import annotations
 
+import sqlite3
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
+from pathlib import Path
+from typing import TypeVar
 
 from kubernetes import client as k8s
 
+from predictor.foundation.errors import InputError
 from predictor.telemetry.kubernetes import api_client
 from predictor.telemetry.store import TelemetryStore
 from scaler.controller.config import KubernetesSection, LiveConfig, kube_names
@@ -18,9 +22,11 @@ from scaler.controller.journal import DecisionJournal
 from scaler.kube.timeouts import with_timeout
 from scaler.planning.demand import ForecastModel
 from scaler.providers.autoscaler import AutoscaledCloud
-from scaler.providers.base import CloudProvider
+from scaler.providers.base import CloudProvider, ProviderError
 from scaler.providers.karpenter import KarpenterCloud
 from scaler.providers.simulated import SimulatedCloud, SimulatedNodeGroup
+
+T = TypeVar("T")
 
 
 def kube_client(settings: KubernetesSection) -> k8s.ApiClient:
@@ -31,6 +37,22 @@ def kube_client(settings: KubernetesSection) -> k8s.ApiClient:
     else:
         api = api_client(settings)
     return with_timeout(api, settings.request_timeout_s)
+
+
+def in_state_dir(config: LiveConfig, make: Callable[[Path], T], source: Path | None = None) -> T:
+    """`make(state_dir)` (the store, a journal); a state_dir that cannot hold them (a
+    file, a path under /proc, a read-only directory) is an `InputError` naming the
+    config's field (`source`: the config file)."""
+    try:
+        return make(config.state_dir)
+    except (OSError, sqlite3.Error) as exc:
+        if isinstance(exc, FileExistsError):
+            reason = "a file, not a directory"
+        else:
+            reason = exc.strerror if isinstance(exc, OSError) and exc.strerror else str(exc)
+        raise InputError(
+            f"cannot keep state in {config.state_dir}: {reason}", path=source, column="state_dir"
+        ) from None
 
 
 def build_provider(config: LiveConfig, kube: k8s.ApiClient | None = None) -> CloudProvider:
@@ -99,14 +121,22 @@ class LiveSystem:
     model: ForecastModel
 
     @classmethod
-    def build(cls, config: LiveConfig) -> LiveSystem:
+    def build(cls, config: LiveConfig, source: Path | None = None) -> LiveSystem:
+        """The system `config` describes; what the config's checks could not tell before
+        (a region or endpoint the credential chain supplies, a state_dir that cannot be
+        written) is an `InputError` naming `source`, the config file, and the field."""
         kube = kube_client(config.kubernetes) if config.kubernetes is not None else None
+        try:
+            provider = build_provider(config, kube)
+        except ProviderError as exc:
+            # Nothing is asked of the cloud yet: what fails here is the configuration.
+            raise InputError(str(exc), path=source, column="provider") from None
         return cls(
             config=config,
-            provider=build_provider(config, kube),
+            provider=provider,
             kube=kube,
-            store=TelemetryStore(config.state_dir),
-            log=DecisionJournal(config.state_dir),
+            store=in_state_dir(config, TelemetryStore, source),
+            log=in_state_dir(config, DecisionJournal, source),
             model=ForecastModel.from_settings(config.model),
         )
 

@@ -176,7 +176,7 @@ class AwsCloud:
             self._ec2 = client("ec2")
             uses_eks = any(b.eks_cluster for b in settings.bindings)
             self._eks = client("eks") if uses_eks else None
-        except BotoCoreError as exc:
+        except (BotoCoreError, ValueError) as exc:  # ValueError: botocore's invalid endpoint
             raise ProviderError(scrub(f"cannot create AWS clients: {exc}")) from None
         self._groups = {b.pool: AwsNodeGroup(self, by_name[b.pool], b) for b in settings.bindings}
         self._launched: dict[str, datetime] = {}  # instance id -> launch time (never changes)
