@@ -89,35 +89,57 @@ def test_nodes_are_named_by_instance_and_booting_until_ready(fake: FakeKube) -> 
     assert registered == {n.name for n in nodes}
 
 
-def test_the_loop_sets_replicas_and_hands_the_node_it_removes_to_karpenter(
-    tmp_path: Path, fake: FakeKube
-) -> None:
-    karpenter = FakeKarpenter(fake, boot_s=0.0)
-    labels = {"gpuscale.io/pool": "a100", "nvidia.com/gpu.product": "A100"}
-    fake.create("nodepools", node_pool("gpu-a100", replicas=1, labels=labels))
-    karpenter.advance(1)
-    cfg = LiveConfig(
-        state_dir=tmp_path / "state",
-        pools=[pool(min_size=1)],
-        provider={
-            "kind": "karpenter",
-            "karpenter": {"node_pools": [{"pool": "a100", "node_pool": "gpu-a100"}]},
-        },
-        kubernetes={"host": fake.url, "pre_position": "none"},
-        model={"name": "persistence"},
-        policy=fast_policy(60.0),
-        lease={"enabled": False},
-    )
-    assert cfg.provider.scale_down == "provider"
+class KarpenterLoop:
+    """The live loop over one static NodePool `gpu-a100` (one node) on the fake API server."""
 
-    def demand(values: list[float]) -> None:
+    def __init__(self, tmp_path: Path, fake: FakeKube, **spec: object) -> None:
+        self.karpenter = FakeKarpenter(fake, boot_s=0.0)
+        labels = {"gpuscale.io/pool": "a100", "nvidia.com/gpu.product": "A100"}
+        fake.create("nodepools", node_pool("gpu-a100", replicas=1, labels=labels, **spec))
+        self.karpenter.advance(1)
+        self.cfg = LiveConfig(
+            state_dir=tmp_path / "state",
+            pools=[pool(min_size=1)],
+            provider={
+                "kind": "karpenter",
+                "karpenter": {"node_pools": [{"pool": "a100", "node_pool": "gpu-a100"}]},
+            },
+            kubernetes={"host": fake.url, "pre_position": "none"},
+            model={"name": "persistence"},
+            policy=fast_policy(60.0),
+            lease={"enabled": False},
+        )
+
+    def demand(self, values: list[float]) -> None:
         ds = pd.date_range(end=NOW, periods=len(values), freq="60s")
-        TelemetryStore(cfg.state_dir).append(
+        TelemetryStore(self.cfg.state_dir).append(
             pd.DataFrame({"unique_id": "a100", "ds": ds, "y": values})
         )
 
-    def loop() -> Reconciler:
-        return Reconciler(LiveSystem.build(cfg), clock=lambda: NOW)
+    def loop(self) -> Reconciler:
+        return Reconciler(LiveSystem.build(self.cfg), clock=lambda: NOW)
+
+
+def test_the_loop_plans_within_the_node_pools_limit_and_says_so(
+    tmp_path: Path, fake: FakeKube
+) -> None:
+    """limits.nodes 2 under a pool max of 16: the plan stops at 2 and names it, and the
+    action reports the target reached (it said "1 -> 3" when the cloud stopped at 2)."""
+    run = KarpenterLoop(tmp_path, fake, limits={"nodes": 2})
+    run.demand([8.0] * 5 + [24.0])
+    up = run.loop().iterate(apply=True)
+    (decision,) = up.decision.plan.decisions
+    assert (decision.desired, decision.inputs["max_size"]) == (2, 2)
+    assert [(a["action"], a["result"]) for a in up.actions] == [("set_target", "target 1 -> 2")]
+    assert fake.get("nodepools", "gpu-a100")["spec"]["replicas"] == 2
+
+
+def test_the_loop_sets_replicas_and_hands_the_node_it_removes_to_karpenter(
+    tmp_path: Path, fake: FakeKube
+) -> None:
+    run = KarpenterLoop(tmp_path, fake)
+    cfg, karpenter, demand, loop = run.cfg, run.karpenter, run.demand, run.loop
+    assert cfg.provider.scale_down == "provider"
 
     demand([8.0] * 5 + [24.0])
     up = loop().iterate(apply=True)

@@ -265,6 +265,17 @@ class PassDecision:
 # ------------------------------------------------------------------ pure decision helpers
 
 
+def within_cloud_limits(pools: Sequence[NodePool], limits: Mapping[str, int]) -> list[NodePool]:
+    """The pools with each `max_size` lowered to the cloud's own maximum for its group
+    (`limits`, by pool), never below its `min_size`."""
+    return [
+        p
+        if limits.get(p.name, p.max_size) >= p.max_size
+        else p.model_copy(update={"max_size": max(p.min_size, limits[p.name])})
+        for p in pools
+    ]
+
+
 def hold_scale_downs(plan: CapacityPlan, problems: Sequence[str]) -> tuple[dict[str, int], dict]:
     """Desired sizes with every scale-down held when the inputs cannot justify one."""
     desired = dict(plan.desired)
@@ -661,6 +672,11 @@ class Reconciler:
             assume_idle=self.system.provider.name() == "simulated",
             observe=with_queue(self.observe) if kube is not None and kube.kueue else self.observe,
         ).with_removal_checks(placement, unremovable)
+        # Planned within what the cloud allows now, so the plan (and its reason) is what a
+        # growth can reach: an ASG's MaxSize or a NodePool's limits may be below max_size.
+        pools = within_cloud_limits(
+            cfg.pools, {g.id(): g.max_size() for g in self.system.provider.node_groups()}
+        )
         known: dict[str, list[str]] = self.system.log.load(KNOWN_KEY, {})
         current = {pool: {n.cloud_name for n in nodes} for pool, nodes in fleet.nodes.items()}
         lost = {pool: len(set(known.get(pool, [])) - seen) for pool, seen in current.items()}
@@ -669,14 +685,14 @@ class Reconciler:
         requests = state.requests_for(step)
         demand = None
         if fleet.cluster is not None:
-            demand = pending_demand(fleet, cfg.pools, placement, names.pool_label)
+            demand = pending_demand(fleet, pools, placement, names.pool_label)
             requests = requests.observe(demand, now)
             # The outlooks as the planner gets them, and the decision records them.
             outlook = replace(
-                outlook, outlooks=with_requests(outlook.outlooks, requests, cfg.pools, now)
+                outlook, outlooks=with_requests(outlook.outlooks, requests, pools, now)
             )
         memory = state.memory_for(step)
-        planned = plan(outlook.outlooks, fleet_state, cfg.pools, cfg.policy, memory)
+        planned = plan(outlook.outlooks, fleet_state, pools, cfg.policy, memory)
         problems = reading.problems + ([outlook.problem] if outlook.problem else [])
         desired, held = hold_scale_downs(planned, problems)
         reactive = None
@@ -684,11 +700,11 @@ class Reconciler:
             # Pods waiting now need capacity whatever the forecast said (or failed to say),
             # and the job-level spare rides on top of them.
             reactive = pending_floor(
-                fleet, fleet_state, demand, cfg.pools, cfg.policy, job_spares(planned, cfg.pools)
+                fleet, fleet_state, demand, pools, cfg.policy, job_spares(planned, pools)
             )
             desired = with_floor(desired, reactive.floor)
         removals: list[Removal] = []
-        for pool in cfg.pools:
+        for pool in pools:
             surplus = len(fleet.nodes.get(pool.name, ())) - desired[pool.name]
             for node in choose_removals(fleet, pool.name, surplus, unremovable):
                 removals.append(
@@ -712,9 +728,9 @@ class Reconciler:
                 job_spare=reactive.reactive.spare if reactive is not None else {},
             )
             if kube.pre_position == "placeholders":
-                placeholders = placeholder_demand(spare, cfg.pools, kube.placeholders)
+                placeholders = placeholder_demand(spare, pools, kube.placeholders)
             elif kube.pre_position == "capacity-buffer":
-                buffers = buffer_demand(spare, cfg.pools, kube.capacity_buffers)
+                buffers = buffer_demand(spare, pools, kube.capacity_buffers)
         left: list[Removal] = []
         if cfg.provider.scale_down == "none":
             removals, left = [], removals
@@ -897,7 +913,10 @@ class Reconciler:
             log_.complete(action, "failed", str(exc))
             return {"action": "set_target", "node": pool, "status": "failed", "result": str(exc)}
         self.pause("acted")
-        why = f"target {target} -> {wanted}"
+        reached = group.target_size()  # the cloud's own maximum may have stopped it short
+        why = f"target {target} -> {reached}"
+        if reached < wanted:
+            why += f" ({wanted} asked; the group's max is {group.max_size()})"
         log_.complete(action, "done", why)
         return {"action": "set_target", "node": pool, "status": "done", "result": why}
 
