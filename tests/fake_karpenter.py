@@ -7,7 +7,10 @@ launched (a providerID, the Launched condition), a surplus one deleted (unready 
 first, then the newest). `advance(seconds)` moves the test's clock: a NodeClaim whose
 boot time has passed turns Ready and its node registers, labelled with the NodePool and
 the NodePool template's labels. A NodeClaim deleted takes its node with it (Karpenter's
-termination: drain, then the instance goes).
+termination: drain, then the instance goes). `limit(pool, n)` plays a cloud out of
+capacity: at most n NodeClaims of the NodePool exist, as when Karpenter deletes each whose
+launch fails on insufficient capacity and tries again later; lifted (None), the missing
+ones are made.
 """
 
 from __future__ import annotations
@@ -38,6 +41,7 @@ class FakeKarpenter:
         self.gpus = gpus
         self.clock = 0.0
         self.launched: dict[str, float] = {}  # NodeClaim -> clock at launch
+        self.capacity: dict[str, int] = {}  # NodePool -> most NodeClaims the cloud can run
         self._ids = itertools.count()
         fake.on_write.append(self._react)
 
@@ -56,11 +60,19 @@ class FakeKarpenter:
             if c["metadata"]["labels"].get(NODE_POOL_LABEL) == pool
         ]
 
+    def limit(self, pool: str, nodes: int | None) -> None:
+        if nodes is None:
+            self.capacity.pop(pool, None)
+        else:
+            self.capacity[pool] = nodes
+        self._reconcile(self.fake.get("nodepools", pool))
+
     def _reconcile(self, pool: dict[str, Any]) -> None:
         name = pool["metadata"]["name"]
         claims = self.claims(name)
         wanted = int(pool["spec"]["replicas"])
-        for _ in range(wanted - len(claims)):
+        launchable = min(wanted, self.capacity.get(name, wanted))
+        for _ in range(launchable - len(claims)):
             i = next(self._ids)
             claim = f"{name}-{i:05x}"
             self.fake.create(

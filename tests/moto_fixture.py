@@ -8,7 +8,12 @@ front of it and does what moto cannot:
   a busy group), in each service's own wire format, and records every call it saw;
 - plays the EKS control plane: after a node group's scaling config changes, it sets the
   desired capacity of the node group's Auto Scaling group, as EKS does (moto records the
-  node group but launches nothing for it).
+  node group but launches nothing for it);
+- plays a cloud out of capacity (`limit`): an Auto Scaling group runs at most so many
+  instances, its desired capacity kept above them as InsufficientInstanceCapacity keeps
+  it (moto launches every instance asked at once), until the limit is lifted and the
+  group launches what it still asks. moto runs in this process, so the instances it
+  launched past the limit are taken out of its group's record directly.
 """
 
 from __future__ import annotations
@@ -84,6 +89,7 @@ class AwsProxy:
         self.upstream = upstream
         self.faults: list[Fault] = []
         self.seen = _Seen()
+        self.capacity: dict[str, int] = {}  # Auto Scaling group -> most instances it can run
         self._lock = threading.Lock()
         handler = type("Handler", (_ProxyHandler,), {"proxy": self})
         self._server = ThreadingHTTPServer(("127.0.0.1", 0), handler)
@@ -112,6 +118,29 @@ class AwsProxy:
         with self._lock:
             self.faults.clear()
             self.seen = _Seen()
+            self.capacity.clear()
+
+    def limit(self, asg: str, instances: int | None) -> None:
+        """Let the group run at most `instances` from now on (None: as many as it asks)."""
+        if instances is None:
+            self.capacity.pop(asg, None)
+            group = _moto_group(asg)
+            group.set_desired_capacity(group.desired_capacity)  # launches what is missing
+        else:
+            self.capacity[asg] = instances
+            self._hold_capacity()
+
+    def _hold_capacity(self) -> None:
+        """Take out of each limited group the instances moto launched past its limit,
+        newest first, leaving its desired capacity as it was asked."""
+        for name, limit in self.capacity.items():
+            group = _moto_group(name)
+            past = group.instance_states[limit:]
+            if past:
+                group.instance_states = group.instance_states[:limit]
+                group.autoscaling_backend.ec2_backend.terminate_instances(
+                    [state.instance.id for state in past]
+                )
 
     def calls(self, action: str) -> int:
         return self.seen.calls.count(action)
@@ -137,6 +166,17 @@ class AwsProxy:
             self._autoscaling.set_desired_capacity(
                 AutoScalingGroupName=asg["name"], DesiredCapacity=desired, HonorCooldown=False
             )
+
+
+def _moto_group(name: str) -> Any:
+    """The in-process moto Auto Scaling group called `name`."""
+    from moto.autoscaling.models import autoscaling_backends
+
+    for regions in autoscaling_backends.values():
+        for backend in regions.values():
+            if name in backend.autoscaling_groups:
+                return backend.autoscaling_groups[name]
+    raise KeyError(f"no Auto Scaling group {name} in moto")
 
 
 def _action(service: str, method: str, path: str, body: bytes) -> str:
@@ -206,6 +246,7 @@ class _ProxyHandler(BaseHTTPRequestHandler):
             connection.close()
         if action == "UpdateNodegroupConfig" and answer.status == 200:
             self.proxy._play_eks(path, body)
+        self.proxy._hold_capacity()  # what a call launched past a limit never came
         self._answer(answer.status, headers, payload)
 
     def _answer(self, status: int, headers: dict[str, str], payload: bytes) -> None:

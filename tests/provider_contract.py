@@ -3,8 +3,11 @@
 A provider's test module subclasses `ProviderContract` and implements `make`, which builds
 a provider with the given pools (min 0 and max 4 nodes here) on fresh infrastructure and
 returns it with a `wait(seconds)` that lets boots complete (a simulated clock moves; a real
-or emulated cloud may simply poll). The simulated cloud passes it in test_providers.py;
-the AWS provider will pass it against a moto server.
+or emulated cloud may simply poll) and a `limit(pool, nodes)` that lets the cloud run at
+most that many of the pool's nodes from now on, launches past it left unfulfilled as an
+InsufficientInstanceCapacity leaves them (None: the limit is lifted and the cloud launches
+what the target still asks). The simulated cloud passes it in test_providers.py, the AWS
+provider against a moto server, static Karpenter NodePools against the fake API server.
 """
 
 from __future__ import annotations
@@ -48,6 +51,7 @@ def contract_pools() -> tuple[NodePool, ...]:
 class ContractCloud:
     provider: CloudProvider
     wait: Callable[[float], None]
+    limit: Callable[[str, int | None], None]
 
     def group(self, name: str) -> NodeGroup:
         (group,) = [g for g in self.provider.node_groups() if g.id() == name]
@@ -163,3 +167,48 @@ class ProviderContract:
         cloud.provider.refresh()
         for group in cloud.provider.node_groups():
             assert group.target_size() == len(group.nodes()) == group.max_size()
+
+    def test_a_growth_the_cloud_cannot_fulfil_stays_asked_for(self, cloud: ContractCloud) -> None:
+        group = cloud.group("a100")
+        cloud.limit("a100", 1)
+        group.increase_size(3)
+        cloud.provider.refresh()
+        assert group.target_size() == 3 and len(group.nodes()) == 1
+        cloud.limit("a100", None)  # capacity returns: the cloud launches what is asked
+        cloud.provider.refresh()
+        assert group.target_size() == 3 and len(group.nodes()) == 3
+
+    def test_decrease_target_cancels_unfulfilled_launches_only(self, cloud: ContractCloud) -> None:
+        group = cloud.group("a100")
+        cloud.limit("a100", 1)
+        group.increase_size(3)
+        cloud.provider.refresh()
+        (node,) = group.nodes()
+        group.decrease_target_size(1)
+        assert group.target_size() == 2
+        group.decrease_target_size(1)
+        cloud.provider.refresh()
+        assert group.target_size() == 1 and [n.name for n in group.nodes()] == [node.name]
+        cloud.limit("a100", None)  # capacity returns: nothing is left to launch
+        cloud.wait(BOOT_SECONDS + 1)
+        cloud.provider.refresh()
+        assert group.target_size() == 1 and [n.name for n in group.nodes()] == [node.name]
+
+    def test_decrease_target_below_held_nodes_is_refused(self, cloud: ContractCloud) -> None:
+        group = cloud.group("a100")
+        group.increase_size(1)  # a node held, booting or not, is not cancellable
+        cloud.limit("a100", 1)
+        group.increase_size(2)
+        cloud.provider.refresh()
+        held = sorted(n.name for n in group.nodes())
+        assert group.target_size() == 3 and len(held) == 1
+        for delta in (3, 0, -1):
+            with pytest.raises(ProviderError):
+                group.decrease_target_size(delta)
+        cloud.provider.refresh()
+        assert group.target_size() == 3 and sorted(n.name for n in group.nodes()) == held
+        group.decrease_target_size(2)
+        with pytest.raises(ProviderError):
+            group.decrease_target_size(1)
+        cloud.provider.refresh()
+        assert group.target_size() == 1 and sorted(n.name for n in group.nodes()) == held

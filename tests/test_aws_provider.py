@@ -144,13 +144,35 @@ def _no_wait(seconds: float) -> None:
     """moto's instances are in service as soon as they are launched."""
 
 
+def contract_cloud(aws: Aws, cloud: AwsCloud) -> ContractCloud:
+    """The contract's view of `cloud`, its capacity limits played by the proxy on each
+    pool's Auto Scaling group (an EKS node group's is the one EKS made for it)."""
+
+    def asg_of(pool: str) -> str:
+        (group,) = [g for g in cloud.node_groups() if g.id() == pool]
+        b = group.binding
+        if b.auto_scaling_group is not None:
+            return b.auto_scaling_group
+        made = aws.client("eks").describe_nodegroup(
+            clusterName=b.eks_cluster, nodegroupName=b.eks_nodegroup
+        )
+        (asg,) = made["nodegroup"]["resources"]["autoScalingGroups"]
+        return str(asg["name"])
+
+    return ContractCloud(
+        provider=cloud,
+        wait=_no_wait,
+        limit=lambda pool, nodes: aws.proxy.limit(asg_of(pool), nodes),
+    )
+
+
 class TestAutoScalingContract(ProviderContract):
     @pytest.fixture(autouse=True)
     def _infrastructure(self, aws: Aws) -> None:
         self.aws = aws
 
     def make(self, pools: Sequence[NodePool]) -> ContractCloud:
-        return ContractCloud(provider=asg_cloud(self.aws, pools), wait=_no_wait)
+        return contract_cloud(self.aws, asg_cloud(self.aws, pools))
 
 
 class TestEksNodeGroupContract(ProviderContract):
@@ -159,7 +181,7 @@ class TestEksNodeGroupContract(ProviderContract):
         self.aws = aws
 
     def make(self, pools: Sequence[NodePool]) -> ContractCloud:
-        return ContractCloud(provider=eks_cloud(self.aws, pools), wait=_no_wait)
+        return contract_cloud(self.aws, eks_cloud(self.aws, pools))
 
 
 def a100(max_size: int = 6) -> NodePool:

@@ -47,7 +47,7 @@ class TestKarpenterContract(ProviderContract):
         for p in pools:
             self.fake.create("nodepools", node_pool(p.name, replicas=0))
         cloud = KarpenterCloud(pools, settings(pools), client(self.fake))
-        return ContractCloud(provider=cloud, wait=karpenter.advance)
+        return ContractCloud(provider=cloud, wait=karpenter.advance, limit=karpenter.limit)
 
 
 def test_node_limit_bounds_the_group_and_a_dynamic_node_pool_is_refused(fake: FakeKube) -> None:

@@ -5,17 +5,23 @@ from __future__ import annotations
 from collections.abc import Sequence
 from datetime import datetime, timedelta
 
+import pytest
 from provider_contract import ContractCloud, ProviderContract, contract_pools
 
 from scaler.cluster.pools import NodePool
-from scaler.providers.base import NodeStatus
+from scaler.providers.base import NodeStatus, ProviderError
 from scaler.providers.simulated import SimulatedCloud, SimulatedCloudConfig
 
 
 class TestSimulatedCloudContract(ProviderContract):
     def make(self, pools: Sequence[NodePool]) -> ContractCloud:
         cloud = SimulatedCloud(pools)
-        return ContractCloud(provider=cloud, wait=cloud.advance)
+
+        def limit(pool: str, nodes: int | None) -> None:
+            capacity = {p: n for p, n in cloud.config.capacity.items() if p != pool}
+            cloud.reconfigure(capacity=capacity | ({} if nodes is None else {pool: nodes}))
+
+        return ContractCloud(provider=cloud, wait=cloud.advance, limit=limit)
 
 
 def _pool(**overrides: object) -> NodePool:
@@ -52,12 +58,29 @@ def test_failed_launches_vanish_at_boot_and_lower_the_target() -> None:
     assert group.target_size() == 40 - failed == len(group.nodes())
 
 
-def test_capacity_limit_refuses_launches_beyond_it() -> None:
+def test_capacity_limit_refuses_launches_beyond_it_until_room_is_given() -> None:
     cloud = SimulatedCloud([_pool()], SimulatedCloudConfig(capacity={"gpu": 5}))
     (group,) = cloud.node_groups()
     group.increase_size(8)
-    assert group.target_size() == 5
+    assert group.target_size() == 8 and len(group.nodes()) == 5
     assert sum(e.kind == "no_capacity" for e in cloud.events) == 3
+    cloud.reconfigure(capacity={"gpu": 6})  # one more fits; the others stay asked for
+    assert group.target_size() == 8 and len(group.nodes()) == 6
+    cloud.reconfigure(capacity={})
+    assert group.target_size() == 8 and len(group.nodes()) == 8
+    assert sum(e.kind == "launched" for e in cloud.events) == 8
+
+
+def test_a_target_lowered_to_the_nodes_held_launches_nothing_when_room_returns() -> None:
+    cloud = SimulatedCloud([_pool(min_size=3)], SimulatedCloudConfig(capacity={"gpu": 2}))
+    (group,) = cloud.node_groups()
+    group.increase_size(6)
+    with pytest.raises(ProviderError, match="below min size 3"):
+        group.decrease_target_size(4)  # 2 nodes held: a target of 2 is not below them
+    group.decrease_target_size(3)
+    cloud.reconfigure(capacity={})
+    assert group.target_size() == 3 and len(group.nodes()) == 3
+    assert sum(e.kind == "launched" for e in cloud.events) == 3
 
 
 def test_spot_interruptions_follow_the_configured_rate() -> None:

@@ -6,8 +6,8 @@ Each pool's nodes are the Kubernetes nodes carrying its pool label (`kubernetes.
 fleet names a node (the instance id its providerID ends in, else its name). A pool's target
 is its node count. The autoscaler adds nodes for pending pods and for the capacity
 gpuscale asks through CapacityBuffers or placeholder pods, and removes them by its own
-scale-down (consolidation): `increase_size` and `delete_nodes` refuse, and the loop, whose
-config says so (`provider.scale_down: none`), never asks.
+scale-down (consolidation): `increase_size`, `decrease_target_size` and `delete_nodes`
+refuse, and the loop, whose config says so (`provider.scale_down: none`), never asks.
 """
 
 from __future__ import annotations
@@ -84,6 +84,9 @@ class AutoscaledGroup(PoolGroup):
         return len(self._nodes)
 
     def increase_size(self, delta: int) -> None:
+        raise ProviderError(f"{self.id()}: the node autoscaler sizes this pool")
+
+    def decrease_target_size(self, delta: int) -> None:
         raise ProviderError(f"{self.id()}: the node autoscaler sizes this pool")
 
     def delete_nodes(self, names: Sequence[str]) -> None:

@@ -4,7 +4,9 @@ Each pool is bound to one Auto Scaling group, or to one EKS managed node group (
 instances live in the Auto Scaling group EKS made for it). Growing sets the desired capacity
 (the group's, or the node group's scalingConfig through EKS); removing a node terminates
 that instance with `ShouldDecrementDesiredCapacity=True`, so the instance the planner chose
-goes and no replacement comes, as Cluster Autoscaler does on AWS.
+goes and no replacement comes, as Cluster Autoscaler does on AWS. A desired capacity
+above the instances (launches refused for InsufficientInstanceCapacity, which the group
+retries) can be lowered as far as the instances serving or booting, which terminates none.
 
 Credentials come from boto3's standard chain (environment, shared files, instance or pod
 role); `endpoint_url` points every client at one endpoint (moto in tests, a VPC endpoint in

@@ -1,15 +1,22 @@
 """The provider interface, in the spirit of Cluster Autoscaler's `CloudProvider` and
 `NodeGroup`: a cloud is a set of node groups (one per pool), and a group can report its
 target size and nodes, grow by a number of nodes, and delete exactly the nodes it is told
-to (so the node that goes is the idle or drained one the planner chose, never a random one).
+to (so the node that goes is the idle or drained one the planner chose, never a random one),
+and lower a target the cloud has not fulfilled (Cluster Autoscaler's `DecreaseTargetSize`).
 
 Invariants every provider keeps (tests/provider_contract.py checks them):
-- `target_size()` equals the number of nodes the group holds or is launching, and stays
-  within `[min_size(), max_size()]`;
+- `target_size()` is the number of nodes the group holds or is launching, plus those the
+  cloud could not launch yet (an Auto Scaling group's desired capacity stays where it was
+  set after InsufficientInstanceCapacity, and the group launches them once capacity
+  returns); it stays within `[min_size(), max_size()]`;
 - `increase_size(delta)` needs delta > 0, else raises `ProviderError` and changes
   nothing; it sets the target to `target_size()` (as the caller read it) + delta, capped
   at `max_size()` as the cloud reports it now, and never lowers the cloud's current
   target (a cap is logged with its reason);
+- `decrease_target_size(delta)` needs delta > 0; it sets the target to `target_size()`
+  (as the caller read it) - delta, never above the cloud's current target, and refuses
+  (`ProviderError`, nothing changed) a target below the nodes the group holds now, booting
+  ones included, or below min: it only cancels launches not made, no node goes;
 - `delete_nodes(names)` removes exactly those nodes and lowers the target by as many; a
   name not in the group, a repeated name, or going below min raises `ProviderError` and
   changes nothing;
@@ -69,6 +76,10 @@ class NodeGroup(Protocol):
     def target_size(self) -> int: ...
 
     def increase_size(self, delta: int) -> None: ...
+
+    def decrease_target_size(self, delta: int) -> None:
+        """Lower the target by `delta` without removing a node (see the module docstring)."""
+        ...
 
     def delete_nodes(self, names: Sequence[str]) -> None: ...
 

@@ -17,6 +17,8 @@ designs/static-capacity.md). Each pool is bound to one such NodePool.
   as many. In that order: lowered first, Karpenter could delete NodeClaims of its choosing
   before ours went; deleted first, ours no longer count as running when the lower
   number arrives, so Karpenter has nothing more to remove.
+- Replicas above the NodeClaims (ones Karpenter could not launch for want of capacity, and
+  retries) can be lowered as far as the NodeClaims that exist, so Karpenter deletes none.
 
 Failures of the API server become `ProviderError`, as a cloud's do.
 """

@@ -4,8 +4,9 @@ cloud holds, grows and removes nodes.
 
 - `PoolGroup`: id, bounds and template are the pool's (a provider tightens the bounds by
   overriding them, and says which bound it is in `_max_reason`); `_grown_target` caps a
-  growth at the max (logging the cap and its reason) and `_shrunk_target` refuses a
-  removal the contract forbids, before anything changes.
+  growth at the max (logging the cap and its reason), and `_lowered_target` and
+  `_shrunk_target` refuse a decrease or a removal the contract forbids, before anything
+  changes.
 - `CloudStateGroup`: a group whose state is read from a cloud and kept until the next
   read; it reads again right before checking a change (so the change is computed from the
   cloud's current numbers) and after making it (so the group reports what it did).
@@ -37,6 +38,16 @@ def grown_target(seen: int, delta: int, current: int, maximum: int) -> int:
     lowering a desired capacity lets the cloud terminate instances of its own choosing,
     and the contract removes only the nodes it is told to."""
     return max(current, min(seen + delta, maximum))
+
+
+def lowered_target(seen: int, delta: int, current: int) -> int:
+    """The target a decrease by `delta` sets: `delta` below `seen`, the target the caller
+    decided from, and never above `current`, what the cloud holds now.
+
+    Set from `seen`, as a growth is, so the same decision taken twice lowers once. Never
+    above `current`: when the target dropped since the caller's read (a launch failed, a
+    node was removed), raising it back would launch what nobody asked for now."""
+    return min(current, seen - delta)
 
 
 class PoolGroup(ABC):
@@ -95,6 +106,28 @@ class PoolGroup(ABC):
             )
         return target
 
+    def _lowered_target(self, delta: int) -> int:
+        """The target after lowering by `delta` (`lowered_target`); raises `ProviderError`
+        if `delta` is not positive, or the target would go below the nodes the group holds
+        as the cloud reports them now (lower, the cloud would terminate nodes of its own
+        choosing) or below its min."""
+        if delta <= 0:
+            raise ProviderError(f"{self.id()}: target decrease must be positive, got {delta}")
+        seen = self.target_size()
+        target = lowered_target(seen, delta, self._fresh_target())
+        held = len(self.nodes())
+        if target < held:
+            raise ProviderError(
+                f"{self.id()}: lowering target {seen} by {delta} would go below the {held}"
+                " nodes the group holds (only launches not made yet can be cancelled)"
+            )
+        if target < self.min_size():
+            raise ProviderError(
+                f"{self.id()}: lowering target {seen} by {delta} would go below min size"
+                f" {self.min_size()}"
+            )
+        return target
+
     def _shrunk_target(self, names: Sequence[str]) -> int:
         """The target after removing the named nodes; raises `ProviderError` if one is not
         this group's, one is named twice, or the group would go below its min."""
@@ -128,8 +161,14 @@ class CloudStateGroup(PoolGroup, Generic[StateT]):
         """Ask the cloud for `target` nodes in this group."""
 
     def increase_size(self, delta: int) -> None:
-        target = self._grown_target(delta)
-        if target == self.target_size():  # read fresh by _grown_target: nothing to set
+        self._change_to(self._grown_target(delta))
+
+    def decrease_target_size(self, delta: int) -> None:
+        self._change_to(self._lowered_target(delta))
+
+    def _change_to(self, target: int) -> None:
+        """Set `target` unless the group, read fresh by the check before, is there."""
+        if target == self.target_size():
             return
         try:
             self._set_target(target)

@@ -4,6 +4,12 @@ interruptions, all configurable and seeded, on a clock the caller advances.
 Every random outcome of a node is drawn when it is launched (whether its launch fails, its
 boot jitter, when a spot interruption hits it), so a run depends only on the seed and the
 sequence of calls, never on how finely the clock is advanced.
+
+A launch refused for capacity stays asked for, as an Auto Scaling group's desired capacity
+does after InsufficientInstanceCapacity: the group's target counts it, and the cloud makes
+it when `reconfigure` has given the pool room, unless the target was lowered first
+(`decrease_target_size`). Room that nodes leave as they go is not retried on its own, so
+that a run still depends only on the sequence of calls.
 """
 
 from __future__ import annotations
@@ -74,6 +80,7 @@ class SimulatedCloud:
         self._ids = itertools.count()
         self._pools = {p.name: p for p in pools}
         self._instances: dict[str, dict[str, _Instance]] = {p.name: {} for p in pools}
+        self._unfulfilled = {p.name: 0 for p in pools}  # launches refused for capacity
         self._groups = {p.name: SimulatedNodeGroup(self, p) for p in pools}
         self.events: list[CloudEvent] = []
 
@@ -127,8 +134,12 @@ class SimulatedCloud:
         """Change how launches go from now on (`launch_failure_rate`, `boot_jitter_seconds`,
         `capacity`, ...), as a failing zone or a slow image does for a while: nodes launched
         later draw from the new settings, nodes already launched keep what they drew, and
-        the random generator goes on from where it was (the seed is not re-read)."""
+        the random generator goes on from where it was (the seed is not re-read). A pool
+        retries the launches it was refused and still asks for."""
         self.config = type(self.config).model_validate(self.config.model_dump() | changes)
+        for name, pool in self._pools.items():
+            retry, self._unfulfilled[name] = self._unfulfilled[name], 0
+            self._launch(pool, retry)  # those still without room stay asked for
 
     def interrupt(self, name: str) -> CloudEvent:
         """Reclaim a node now, as a spot interruption does, whatever time its launch drew."""
@@ -147,6 +158,7 @@ class SimulatedCloud:
         for _ in range(count):
             name = f"{pool.name}-{next(self._ids):06d}"
             if limit is not None and len(instances) >= limit:
+                self._unfulfilled[pool.name] += 1
                 self.events.append(CloudEvent(self._now, pool.name, name, "no_capacity"))
                 continue
             jitter = self._rng.uniform(0.0, self.config.boot_jitter_seconds)
@@ -158,6 +170,11 @@ class SimulatedCloud:
                 interrupted_at = ready_at + timedelta(hours=float(self._rng.exponential(1 / rate)))
             instances[name] = _Instance(name, pool.name, self._now, ready_at, fails, interrupted_at)
             self.events.append(CloudEvent(self._now, pool.name, name, "launched"))
+
+    def _cancel(self, pool: str, count: int) -> None:
+        """Stop asking for `count` of the pool's refused launches (the group's check keeps
+        the target at or above the nodes held, so there are that many)."""
+        self._unfulfilled[pool] -= count
 
     def _delete(self, pool: str, names: Sequence[str]) -> None:
         for name in names:
@@ -185,12 +202,16 @@ class SimulatedNodeGroup(PoolGroup):
         self._cloud = cloud
 
     def target_size(self) -> int:
-        return len(self._cloud._instances[self._pool.name])
+        name = self._pool.name
+        return len(self._cloud._instances[name]) + self._cloud._unfulfilled[name]
 
     def increase_size(self, delta: int) -> None:
         launch = self._grown_target(delta) - self.target_size()
         if launch:
             self._cloud._launch(self._pool, launch)
+
+    def decrease_target_size(self, delta: int) -> None:
+        self._cloud._cancel(self._pool.name, self.target_size() - self._lowered_target(delta))
 
     def delete_nodes(self, names: Sequence[str]) -> None:
         self._shrunk_target(names)
