@@ -16,6 +16,7 @@ from live_fixtures import fast_policy, pool, write_config
 from predictor.foundation.errors import InputError
 from predictor.telemetry.kube_objects import KUBE_NAMES, read_node, read_pod
 from predictor.telemetry.store import TelemetryStore
+from scaler.cli.live import _report
 from scaler.cluster.pools import NodePool
 from scaler.controller.config import LiveConfig, load_live_config
 from scaler.controller.fleet import FleetNode, ObservedFleet
@@ -26,6 +27,7 @@ from scaler.controller.reconcile import (
     SpareRoom,
     choose_removals,
     hold_scale_downs,
+    lowered_targets,
     placeholder_demand,
 )
 from scaler.controller.removal_order import RemovalCandidate, removal_order
@@ -50,6 +52,7 @@ def config(
     nodes: int = 2,
     boot_s: float = 0.0,
     scale_down: str | None = None,
+    capacity: dict[str, int] | None = None,
     **extra: Any,
 ) -> LiveConfig:
     return LiveConfig(
@@ -57,7 +60,7 @@ def config(
         pools=[pool(min_size=1) | {"boot_seconds": boot_s}],
         provider={
             "kind": "simulated",
-            "simulated": {"initial_sizes": {"a100": nodes}},
+            "simulated": {"initial_sizes": {"a100": nodes}, "capacity": capacity or {}},
             "scale_down": scale_down,
         },
         model={"name": "persistence"},
@@ -154,6 +157,103 @@ def test_a_restart_leaves_defragmentations_pending_actions_to_it(tmp_path: Path)
     # The MIG manager may still be applying it: `gpuscale defrag` settles it, not the loop.
     assert [a.id for a in log.pending()] == [asked]
     assert {a.id: a.status for a in log.actions()}[scale] == "superseded"
+
+
+def out_of_capacity(tmp_path: Path) -> tuple[LiveConfig, LiveSystem]:
+    """A pool grown from 2 to 5 nodes by a pass, the cloud out of capacity at 3: the
+    target stays at 5, as an Auto Scaling group's after InsufficientInstanceCapacity."""
+    cfg = config(tmp_path, capacity={"a100": 3})
+    demand(cfg, [8.0] * 5 + [40.0])
+    system = LiveSystem.build(cfg)
+    up = reconciler(cfg, system).iterate(apply=True)
+    assert [(a["action"], a["result"]) for a in up.actions] == [("set_target", "target 2 -> 5")]
+    (group,) = system.provider.node_groups()
+    assert group.target_size() == 5 and len(group.nodes()) == 3
+    return cfg, system
+
+
+LATER = NOW + timedelta(minutes=6)
+
+
+@pytest.mark.parametrize(("falls_to", "wanted", "removed"), [(8.0, 1, 2), (32.0, 4, 0)])
+def test_a_target_the_cloud_could_not_fulfil_is_lowered_once_demand_falls(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], falls_to: float, wanted: int, removed: int
+) -> None:
+    """Left at its peak, the target would have the cloud launch the rest once capacity
+    returned, for the loop to remove again as surplus. The pass after demand falls lowers
+    it to the nodes held (or the plan's size, where more), then removes the surplus."""
+    cfg, system = out_of_capacity(tmp_path)
+    (group,) = system.provider.node_groups()
+    demand(cfg, [falls_to] * 6, end=LATER)
+    dry = Reconciler(system, clock=lambda: LATER).iterate(apply=False)
+    to = max(wanted, 3)
+    assert [c.to_dict() for c in dry.decision.lowered] == [
+        {"pool": "a100", "from": 5, "to": to, "holds": 3, "wanted": wanted}
+    ]
+    assert dry.decision.to_dict()["lowered_targets"][0]["to"] == to
+    _report(dry, as_json=False)
+    shown = capsys.readouterr().out
+    assert f"lower target a100: 5 -> {to} (launches not fulfilled: the group holds 3" in shown
+    assert group.target_size() == 5  # a dry run changes nothing
+
+    down = Reconciler(system, clock=lambda: LATER).iterate(apply=True)
+    assert [(a["action"], a["status"]) for a in down.actions] == [("lower_target", "done")] + [
+        ("remove_node", "done")
+    ] * removed
+    assert down.actions[0]["result"] == (
+        f"target 5 -> {to} (launches not fulfilled: the group holds 3 nodes, {wanted} wanted)"
+    )
+    assert group.target_size() == wanted
+    (lowered,) = [a for a in system.log.actions() if a.kind == "lower_target"]
+    assert (lowered.params, lowered.status) == ({"from": 5, "to": to}, "done")
+
+    cloud = system.provider.cloud
+    launched = sum(e.kind == "launched" for e in cloud.events)
+    cloud.reconfigure(capacity={})  # capacity returns: only what the plan wants comes
+    assert sum(e.kind == "launched" for e in cloud.events) == launched + wanted - 3 + removed
+    assert group.target_size() == len(group.nodes()) == wanted
+    again = Reconciler(system, clock=lambda: LATER).iterate(apply=True)
+    assert again.actions == []
+
+
+@pytest.mark.parametrize("point", ["journaled", "acted"])
+def test_an_interrupted_lowering_is_settled_not_repeated(tmp_path: Path, point: str) -> None:
+    cfg, system = out_of_capacity(tmp_path)
+    (group,) = system.provider.node_groups()
+    demand(cfg, [8.0] * 6, end=LATER)
+
+    def crash(at: str) -> None:
+        if at == point:
+            raise Crash(at)
+
+    with pytest.raises(Crash):
+        Reconciler(system, clock=lambda: LATER, pause=crash).iterate(apply=True)
+    (pending,) = system.log.pending()
+    assert (pending.kind, pending.params) == ("lower_target", {"from": 5, "to": 3})
+
+    outcome = Reconciler(system, clock=lambda: LATER).iterate(apply=True)
+    statuses = [(a["action"], a["status"]) for a in outcome.actions]
+    removals = [("remove_node", "done")] * 2
+    if point == "journaled":
+        resolved = [("resolve lower_target", "superseded"), ("lower_target", "done")]
+    else:
+        resolved = [("resolve lower_target", "done")]
+    assert statuses == resolved + removals
+    assert group.target_size() == len(group.nodes()) == 1
+    assert system.log.pending() == []
+
+
+def test_only_targets_above_the_nodes_held_and_the_plan_are_lowered() -> None:
+    def nodes(pool: str, count: int) -> tuple[FleetNode, ...]:
+        return tuple(FleetNode(f"{pool}-{i}", pool, NodeStatus.READY, NOW) for i in range(count))
+
+    fleet = ObservedFleet(
+        {p: nodes(p, 2) for p in ("short", "planned", "held", "met", "growing")},
+        {"short": 5, "planned": 5, "held": 5, "met": 2, "growing": 3},
+    )
+    desired = {"short": 1, "planned": 4, "held": 2, "met": 1, "growing": 6}
+    cuts = lowered_targets(fleet, desired, {"held": "scale-down held: stale"})
+    assert [(c.pool, c.target, c.to) for c in cuts] == [("short", 5, 2), ("planned", 5, 4)]
 
 
 def test_stale_telemetry_never_scales_down(tmp_path: Path) -> None:

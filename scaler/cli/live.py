@@ -333,6 +333,11 @@ def _report(outcome: PassOutcome, as_json: bool) -> None:
     console.print(table)
     for problem in d.problems:
         console.print(f"[yellow]telemetry[/]: {problem}")
+    for c in d.lowered:
+        console.print(
+            f"lower target {c.pool}: {c.target} -> {c.to} (launches not fulfilled: the group"
+            f" holds {c.holds} nodes, {c.wanted} wanted)"
+        )
     for r in d.removals:
         console.print(f"remove {r.pool}/{r.cloud_name} ({r.kube_name or 'not registered'})")
     for r in d.left_to_autoscaler:

@@ -68,7 +68,7 @@ class Action:
     id: int
     decision_id: int | None
     pool: str
-    kind: str  # set_target, remove_node, placeholders, uncordon
+    kind: str  # set_target, lower_target, remove_node, uncordon, set_buffer, ...
     target: str  # the pool, the node, ...
     params: dict[str, Any]
     status: str

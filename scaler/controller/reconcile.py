@@ -6,6 +6,11 @@ the cluster say now, so the loop is safe to kill and restart at any moment:
 - Sizes are SET, never incremented: a pool grows by `desired - target`, with the
   provider's target counting nodes still booting, so a decision taken twice (before and
   after a restart) launches once.
+- A target the cloud has not fulfilled (an InsufficientInstanceCapacity, a NodeClaim
+  Karpenter could not launch) is lowered to the nodes the pool holds once the plan wants
+  fewer (`lowered_targets`): left at its peak, the cloud would launch the rest when
+  capacity returns, for the loop to remove as surplus. No node goes by it: the nodes a
+  pass takes out are chosen and removed as they always are.
 - Every action is journaled as pending before it is carried out and completed after. A
   restart resolves what it finds pending against the cloud (a size already reached is
   marked done, anything else is re-planned) before deciding anything.
@@ -115,7 +120,7 @@ UNREMOVABLE_KEY = "unremovable"
 
 
 # The kinds of action the loop journals, and settles after a restart.
-SCALE_ACTIONS = frozenset({"set_target", "remove_node", "uncordon", "set_buffer"})
+SCALE_ACTIONS = frozenset({"set_target", "lower_target", "remove_node", "uncordon", "set_buffer"})
 
 
 def utc_now() -> datetime:
@@ -147,6 +152,27 @@ class PlannerState:
     def after(self, step: str, memory: PlannerMemory, requests: RequestLog) -> PlannerState:
         base = self.base if step == self.step else self.latest
         return PlannerState(step, base, memory, requests)
+
+
+@dataclass(frozen=True, slots=True)
+class TargetCut:
+    """A pool's cloud target lowered from `target` to `to`: the nodes it `holds`, or the
+    `wanted` nodes of the plan where more."""
+
+    pool: str
+    target: int
+    to: int
+    holds: int
+    wanted: int
+
+    def to_dict(self) -> dict[str, object]:
+        return {
+            "pool": self.pool,
+            "from": self.target,
+            "to": self.to,
+            "holds": self.holds,
+            "wanted": self.wanted,
+        }
 
 
 @dataclass(frozen=True, slots=True)
@@ -207,6 +233,7 @@ class PassDecision:
     buffers: tuple[BufferDemand, ...] = ()
     # Surplus nodes the plan would take out, left to the node autoscaler (scale_down: none).
     left_to_autoscaler: tuple[Removal, ...] = ()
+    lowered: tuple[TargetCut, ...] = ()  # targets above the nodes held, no longer wanted
 
     @property
     def problems(self) -> list[str]:
@@ -255,6 +282,7 @@ class PassDecision:
             "final_desired": dict(self.desired),
             "held": dict(self.held),
             "reactive": self.reactive.to_dict() if self.reactive is not None else None,
+            "lowered_targets": [c.to_dict() for c in self.lowered],
             "removals": [r.to_dict() for r in self.removals],
             "left_to_autoscaler": [r.to_dict() for r in self.left_to_autoscaler],
             "placeholders": [p.model_dump() for p in self.placeholders],
@@ -288,6 +316,26 @@ def hold_scale_downs(plan: CapacityPlan, problems: Sequence[str]) -> tuple[dict[
             desired[d.pool] = d.current
             held[d.pool] = why
     return desired, held
+
+
+def lowered_targets(
+    fleet: ObservedFleet, desired: Mapping[str, int], held: Mapping[str, str]
+) -> list[TargetCut]:
+    """The targets to lower: each pool's whose cloud target is above both the nodes it
+    holds (booting ones included) and the plan's `desired`, lowered to the larger of those.
+    Only the launches the cloud has not made are cancelled; the surplus among the nodes
+    held goes through the pass's removals, node by node. A pool whose scale-down is held
+    (`hold_scale_downs`) keeps its target: the inputs that cannot justify fewer nodes
+    cannot justify asking for fewer either."""
+    cuts = []
+    for pool, target in fleet.targets.items():
+        if pool not in desired or pool in held:
+            continue
+        holds = len(fleet.nodes.get(pool, ()))
+        to = max(desired[pool], holds)
+        if to < target:
+            cuts.append(TargetCut(pool, target, to, holds, desired[pool]))
+    return cuts
 
 
 def pending_demand(
@@ -731,6 +779,7 @@ class Reconciler:
                 placeholders = placeholder_demand(spare, pools, kube.placeholders)
             elif kube.pre_position == "capacity-buffer":
                 buffers = buffer_demand(spare, pools, kube.capacity_buffers)
+        lowered = lowered_targets(fleet, desired, held) if cfg.provider.sets_sizes else []
         left: list[Removal] = []
         if cfg.provider.scale_down == "none":
             removals, left = [], removals
@@ -752,6 +801,7 @@ class Reconciler:
             reactive=reactive,
             buffers=tuple(buffers),
             left_to_autoscaler=tuple(left),
+            lowered=tuple(lowered),
         )
 
     # ---- one pass -------------------------------------------------------------------------
@@ -803,10 +853,12 @@ class Reconciler:
         groups = {g.id(): g for g in provider.node_groups()}
         settled = []
         for action in pending:
-            if action.kind == "set_target" and action.pool in groups:
+            if action.kind in ("set_target", "lower_target") and action.pool in groups:
                 target = groups[action.pool].target_size()
                 wanted = int(action.params["to"])
-                if target >= wanted:
+                # A growth is there at or above its target, a lowering at or below it.
+                applied = target >= wanted if action.kind == "set_target" else target <= wanted
+                if applied:
                     status, why = "done", f"found applied after a restart (target {target})"
                 else:
                     status = "superseded"
@@ -829,6 +881,11 @@ class Reconciler:
             wanted = decision.desired[pool.name]
             if provider.sets_sizes and wanted > target and pool.name in groups:
                 outcome.actions.append(self._grow(decision_id, groups[pool.name], target, wanted))
+        # Before the removals, which take the target on from the nodes held to what the
+        # plan wants, one node at a time.
+        for cut in decision.lowered:
+            if cut.pool in groups:
+                outcome.actions.append(self._lower(decision_id, groups[cut.pool], cut))
         self._remove_all(decision_id, decision.removals, outcome)
         for node in stale_cordons(decision.fleet, decision.removals):
             outcome.actions.append(self._uncordon(decision_id, node))
@@ -919,6 +976,26 @@ class Reconciler:
             why += f" ({wanted} asked; the group's max is {group.max_size()})"
         log_.complete(action, "done", why)
         return {"action": "set_target", "node": pool, "status": "done", "result": why}
+
+    def _lower(self, decision_id: int, group: Any, cut: TargetCut) -> dict[str, Any]:
+        self._check_leader()
+        log_ = self.system.log
+        params = {"from": cut.target, "to": cut.to}
+        action = log_.begin(decision_id, cut.pool, "lower_target", cut.pool, params)
+        self.pause("journaled")
+        entry: dict[str, Any] = {"action": "lower_target", "node": cut.pool}
+        try:
+            group.decrease_target_size(cut.target - cut.to)
+        except ProviderError as exc:
+            log_.complete(action, "failed", str(exc))
+            return entry | {"status": "failed", "result": str(exc)}
+        self.pause("acted")
+        why = (
+            f"target {cut.target} -> {group.target_size()} (launches not fulfilled: the group"
+            f" holds {cut.holds} nodes, {cut.wanted} wanted)"
+        )
+        log_.complete(action, "done", why)
+        return entry | {"status": "done", "result": why}
 
     def _remove_all(
         self, decision_id: int, removals: Sequence[Removal], outcome: PassOutcome
