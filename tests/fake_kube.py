@@ -534,10 +534,18 @@ class FakeKube:
             self._record(kind, "DELETED", obj)
             return copy.deepcopy(obj)
 
-    def evict(self, name: str, namespace: str, dry_run: bool = False) -> Obj:
+    def evict(
+        self, name: str, namespace: str, dry_run: bool = False, uid: str | None = None
+    ) -> Obj:
         """The pods/eviction subresource: refused as `eviction_policy` says, else the pod
-        is deleted (`dry_run`, as `?dryRun=All`: only checked, nothing deleted)."""
+        is deleted (`dry_run`, as `?dryRun=All`: only checked, nothing deleted; `uid`, the
+        eviction's deleteOptions.preconditions: 409 when the pod has another)."""
         pod = self.get("pods", name, namespace)
+        if uid is not None and pod["metadata"]["uid"] != uid:
+            raise ApiError(
+                409, "Conflict", f"Precondition failed: UID in precondition: {uid}, UID in"
+                f" object meta: {pod['metadata']['uid']}"
+            )  # fmt: skip
         refusal = self.eviction_policy(pod)
         if refusal is not None:
             code, message = refusal
@@ -725,9 +733,10 @@ class _Handler(BaseHTTPRequestHandler):
             elif method == "GET":
                 self._send(200, self.kube.get(kind.plural, name, ns))
             elif method == "POST" and sub == "eviction":
-                self._body()
+                options = (self._body() or {}).get("deleteOptions") or {}
+                uid = (options.get("preconditions") or {}).get("uid")
                 dry_run = query.get("dryRun") == "All"
-                self._send(201, self.kube.evict(name or "", ns, dry_run=dry_run))
+                self._send(201, self.kube.evict(name or "", ns, dry_run=dry_run, uid=uid))
             elif method == "POST" and sub == "binding":
                 target = self._body()["target"]["name"]
                 self.kube.patch(kind.plural, name or "", {"spec": {"nodeName": target}}, ns)

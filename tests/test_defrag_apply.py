@@ -19,7 +19,7 @@ from fake_kube import FakeKube
 from live_fixtures import pool, write_config
 from typer.testing import CliRunner
 
-from predictor.telemetry.kube_objects import KUBE_NAMES, read_pod
+from predictor.telemetry.kube_objects import KUBE_NAMES, SAFE_TO_EVICT_ANNOTATION, read_pod
 from scaler.cli import app
 from scaler.controller.config import LiveConfig
 from scaler.controller.journal import DecisionJournal
@@ -39,6 +39,7 @@ TOKEN = "defrag-token"
 AUTH = {"Authorization": f"Bearer {TOKEN}"}
 NS = "ml"
 MOVABLE = {KUBE_NAMES.movable_label: "true"}
+SAFE_TO_EVICT = SAFE_TO_EVICT_ANNOTATION
 
 
 def node_json(name: str, gpus: int = 8) -> dict[str, Any]:
@@ -784,3 +785,69 @@ def test_a_config_does_to_a_node_what_mig_parted_would() -> None:
         "all-1g.10gb", "all-7g.80gb", "all-balanced"
     ]  # fmt: skip
     assert node_options(configs, mixed, whole_gpus=6) == []
+
+
+# ---------------------------------------------------------------- a stale listing
+
+
+def test_each_pod_is_read_again_just_before_its_eviction(tmp_path: Path, fake: FakeKube) -> None:
+    """Between the listing and the evictions (the dry runs, the wait for the service to
+    list the notes, the earlier evictions) pods change: n1's `a` is annotated safe-to-evict
+    "false" and n2's `b` is replaced by a pod of the same name on n3 (a StatefulSet's pod
+    comes back under its name). Neither is evicted: each pod is read again just before, and
+    the eviction names the uid read, so it never takes another pod of that name."""
+    from scaler.controller.defrag import Defragmenter
+
+    fake.create("nodes", node_json("n1"))
+    fake.create("nodes", node_json("n2"))
+    fake.create("nodes", node_json("n3"))
+    fake.create("pods", pod_json("a", 2, "n1", labels=MOVABLE))
+    fake.create("pods", pod_json("b", 1, "n2", labels=MOVABLE, owner="rs-b"))
+    fake.create("pods", pod_json("c", 4, "n3", labels=MOVABLE, owner="rs-c"))
+    config = LiveConfig.model_validate(
+        config_dict(tmp_path, fake) | {"placement": {"sync_s": 1, "policy": "bestfit"}}
+    )
+    assert config.kubernetes is not None
+
+    def meanwhile(_: float) -> None:  # the wait for the service: the cluster changes
+        fake.patch("pods", "a", {"metadata": {"annotations": {SAFE_TO_EVICT: "false"}}}, NS)
+        fake.delete("pods", "b", NS)
+        fake.create("pods", pod_json("b", 1, "n3", labels=MOVABLE, owner="rs-b"))
+
+    api = kube_client(config.kubernetes)
+    journal = DecisionJournal(config.state_dir)
+    outcome = Defragmenter(config, api, journal, sleep=meanwhile).run(apply=True)
+    planned = {s.job for s in outcome.report.steps}
+    assert {f"{NS}/a", f"{NS}/b"} <= planned
+    assert evictions(fake) == []
+    by_job = {r.step.job: r for r in outcome.results}
+    assert by_job[f"{NS}/a"].status == "skipped"
+    assert 'safe-to-evict "false"' in by_job[f"{NS}/a"].result
+    assert by_job[f"{NS}/b"].status == "skipped"
+    assert "now on n3, not n2" in by_job[f"{NS}/b"].result
+    assert fake.get("pods", "a", NS)["spec"]["nodeName"] == "n1"
+    assert fake.get("pods", "b", NS)["spec"]["nodeName"] == "n3"
+    assert journal.load("defrag_window", []) == []  # nothing made, nothing counted
+    assert journal.pending() == []
+    # The notes of the moves not made are taken off their targets.
+    assert all(
+        not read_moves(n["metadata"].get("annotations") or {}) for n in fake.objects("nodes")
+    )
+
+
+def test_an_eviction_names_the_uid_it_read(tmp_path: Path, fake: FakeKube) -> None:
+    """The Eviction API's precondition: a pod recreated under the name in between (a
+    StatefulSet's) is not evicted by an eviction meant for the one read."""
+    from scaler.kube.evictions import request_eviction
+
+    fake.create("nodes", node_json("n1"))
+    old = read_pod(fake.create("pods", pod_json("s-0", 1, "n1", labels=MOVABLE)))
+    uid = fake.get("pods", "s-0", NS)["metadata"]["uid"]
+    fake.delete("pods", "s-0", NS)
+    fake.create("pods", pod_json("s-0", 1, "n1", labels=MOVABLE))
+    config = LiveConfig.model_validate(config_dict(tmp_path, fake))
+    assert config.kubernetes is not None
+    api = kube_client(config.kubernetes)
+    blocked = request_eviction(api, old, uid=uid)
+    assert blocked is not None and "409" in blocked.reason
+    assert fake.get("pods", "s-0", NS)  # the new pod stays

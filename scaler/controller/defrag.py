@@ -20,7 +20,10 @@ One pass (`Defragmenter.run`):
    left in place (up to `REPLANS` times), so the move budget goes to units that can go.
    The moves of the units that go are noted on their target nodes (`scaler.kube.moves`),
    the pass waits one `placement.sync_s` so the service has listed them, then evicts in
-   plan order. Each eviction is journaled pending before it is asked and counted in the window
+   plan order. Each pod is read again just before its eviction: one that has left its node,
+   finished, become unmovable (safe-to-evict "false") or been replaced under its name is
+   not evicted, which ends its unit; the eviction names the uid read, so it never takes
+   another pod of that name. Each eviction is journaled pending and counted in the window
    before it is asked, so a run killed in between never exceeds the window. An eviction
    refused after all (a budget that changed since the dry run) ends its unit there; the
    moves not carried out are taken off their target nodes.
@@ -42,11 +45,17 @@ from kubernetes import client as k8s
 
 from scaler.controller.config import DefragSection, LiveConfig, kube_names, mix_jobs, workload_mix
 from scaler.controller.defrag_journal import MOVE, MoveWindow, pool_of
-from scaler.controller.defrag_plan import DefragReport, PlannedStep, plan_report, units
+from scaler.controller.defrag_plan import (
+    DefragReport,
+    PlannedStep,
+    plan_report,
+    units,
+    why_changed,
+)
 from scaler.controller.journal import Action, DecisionJournal
 from scaler.controller.repartitions import Repartitioner, RepartitionResult
 from scaler.kube.errors import KubeError
-from scaler.kube.evictions import BlockingPod, request_eviction
+from scaler.kube.evictions import BlockingPod, read_pod_now, request_eviction
 from scaler.kube.mig_manager import MigManagedNode
 from scaler.kube.moves import PlannedMove, set_moves, shape_of
 from scaler.kube.observed import ObserveCluster, ObservedCluster, observe_cluster
@@ -58,7 +67,9 @@ REPLANS = 3  # plans made again around pods whose eviction a dry run refused
 @dataclass(frozen=True)
 class MoveResult:
     step: PlannedStep
-    status: str  # done, blocked (a budget refused it), skipped (its unit could not go), failed
+    # done, blocked (a budget refused it), skipped (its unit could not go, or its pod
+    # changed since the listing), failed
+    status: str
     result: str
 
     def to_dict(self) -> dict[str, Any]:
@@ -214,7 +225,7 @@ class Defragmenter:
                 going.append(group)
             else:
                 outcome.results.extend(_not_started(report.steps, group, refusal, refused[refusal]))
-        self._move(observed, report.steps, going, settings.steer_s, outcome)
+        self._move(observed, report.steps, going, settings, outcome)
         outcome.errors.extend(r.result for r in outcome.results if r.status == "failed")
 
     def _move(
@@ -222,14 +233,16 @@ class Defragmenter:
         observed: ObservedCluster,
         steps: Sequence[PlannedStep],
         going: Sequence[list[int]],
-        steer_s: float,
+        settings: DefragSection,
         outcome: DefragOutcome,
     ) -> None:
         """Note the units' moves on their target nodes, then evict unit by unit: a unit ends
         at its first move not made, and its moves not made are taken off their targets."""
         now = self.clock()
         notes = {
-            i: planned_move(steps[i], observed, now, steer_s) for group in going for i in group
+            i: planned_move(steps[i], observed, now, settings.steer_s)
+            for group in going
+            for i in group
         }
         targets = self._note(observed, [(steps[i].target, m) for i, m in notes.items()], now)
         if notes and self.config.placement.sync_s > 0:
@@ -237,7 +250,7 @@ class Defragmenter:
         unused: list[PlannedMove] = []
         for group in going:
             for k, i in enumerate(group):
-                result = self._evict(outcome.decision_id, steps[i], observed)
+                result = self._evict(outcome.decision_id, steps[i], observed, settings)
                 outcome.results.append(result)
                 if result.status != "done":
                     why = f"{steps[i].unit} would not be freed: {result.result}"
@@ -274,13 +287,30 @@ class Defragmenter:
                 with contextlib.suppress(KubeError):
                     set_moves(self.api, node, kept, self.names)
 
-    def _evict(self, decision_id: int, step: PlannedStep, observed: ObservedCluster) -> MoveResult:
-        """Count in the window, journal, then ask the eviction."""
+    def _evict(
+        self,
+        decision_id: int,
+        step: PlannedStep,
+        observed: ObservedCluster,
+        settings: DefragSection,
+    ) -> MoveResult:
+        """Read the pod again; if the plan still holds for it, count in the window, journal,
+        then ask the eviction of that pod (its uid), not of whatever bears its name."""
+        listed = observed.bound_pods[step.job]
+        try:
+            read = read_pod_now(self.api, listed.namespace, listed.name, self.names)
+        except KubeError as exc:
+            return MoveResult(step, "failed", str(exc))
+        if read is None:
+            return MoveResult(step, "skipped", "not evicted: gone since the listing")
+        changed = why_changed(step, listed, read[0], settings, self.names)
+        if changed is not None:
+            return MoveResult(step, "skipped", f"not evicted: {changed}")
         at = self.clock()
         self.window.count(at)
         action = self._begin(decision_id, step, observed)
         try:
-            blocked = request_eviction(self.api, observed.bound_pods[step.job])
+            blocked = request_eviction(self.api, read[0], uid=read[1])
         except KubeError as exc:
             status, why = "failed", str(exc)
         else:

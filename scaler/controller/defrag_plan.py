@@ -52,6 +52,30 @@ def why_unmovable(pod: PodRequest, settings: DefragSection, names: KubeNames) ->
     return None
 
 
+def why_changed(
+    step: PlannedStep,
+    listed: PodRequest,
+    now: PodRequest,
+    settings: DefragSection,
+    names: KubeNames,
+) -> str | None:
+    """Why `step` must not be carried out, `now` being its pod read again just before the
+    eviction and `listed` the pod the plan was made from; None when it still may. The
+    plan's listing is minutes old by then (the dry runs, the wait for the service, the
+    evictions before): the pod may have been marked safe-to-evict "false", finished, or
+    been replaced by another under its name elsewhere (a StatefulSet's pod)."""
+    if now.finished:
+        return f"{now.phase} since the listing"
+    if now.node != step.source:
+        return f"now on {now.node or 'no node'}, not {step.source}"
+    if now.controller_uid != listed.controller_uid:
+        return f"another pod of that name now (of {now.controller or 'no controller'})"
+    asked = (now.gpus, now.gpu_milli, now.cpu_milli, now.memory_mib, now.mig)
+    if asked != (listed.gpus, listed.gpu_milli, listed.cpu_milli, listed.memory_mib, listed.mig):
+        return "it asks for other resources now than the plan placed"
+    return why_unmovable(now, settings, names)
+
+
 def move_budget(max_moves: int, made_in_window: int) -> int:
     """The moves and repartitions a pass may still make in the window."""
     return max(max_moves - made_in_window, 0)

@@ -3,7 +3,10 @@
 An eviction is refused, not failed, when a PodDisruptionBudget stands in the way (429) or
 two budgets cover the pod (500); the refusal names the budget (listed only to say which:
 the API server's answer stands either way). `dry_run` asks the same question without
-evicting (`dryRun=All`), so a caller can learn before it disrupts anything.
+evicting (`dryRun=All`), so a caller can learn before it disrupts anything. `uid` makes
+the eviction a precondition on the pod read (409 when the name now holds another pod, as
+a StatefulSet's pod comes back under its name), so a caller never evicts a pod it did
+not decide on.
 """
 
 from __future__ import annotations
@@ -14,7 +17,7 @@ from http import HTTPStatus
 
 from kubernetes import client as k8s
 
-from predictor.telemetry.kube_objects import PodRequest
+from predictor.telemetry.kube_objects import KUBE_NAMES, KubeNames, PodRequest, read_pod
 from scaler.kube.errors import API_ERRORS, Refusal, kube_call
 
 
@@ -46,29 +49,54 @@ def selector_matches(selector: k8s.V1LabelSelector | None, labels: Mapping[str, 
 
 
 def request_eviction(
-    api: k8s.ApiClient, pod: PodRequest, dry_run: bool = False
+    api: k8s.ApiClient, pod: PodRequest, dry_run: bool = False, uid: str | None = None
 ) -> BlockingPod | None:
     """Evict `pod` through the Eviction API (PodDisruptionBudgets respected), or with
-    `dry_run` only ask whether it would be allowed. A BlockingPod naming the refusal and
-    the budget behind it; None when allowed (or the pod is already gone). Any other
-    failure raises KubeError."""
+    `dry_run` only ask whether it would be allowed; with `uid`, only the pod of that uid.
+    A BlockingPod naming the refusal and the budget behind it; None when allowed (or the
+    pod is already gone). Any other failure raises KubeError."""
     core = k8s.CoreV1Api(api)
     ns, name = pod.namespace, pod.name
-    eviction = k8s.V1Eviction(metadata=k8s.V1ObjectMeta(name=name, namespace=ns))
+    delete_options = (
+        None if uid is None else k8s.V1DeleteOptions(preconditions=k8s.V1Preconditions(uid=uid))
+    )
+    eviction = k8s.V1Eviction(
+        metadata=k8s.V1ObjectMeta(name=name, namespace=ns), delete_options=delete_options
+    )
     options = {"dry_run": "All"} if dry_run else {}
-    # 429: a budget refuses; 500: two budgets cover the pod; 404: already gone.
+    # 429: a budget refuses; 500: two budgets cover the pod; 404: already gone; 409: the
+    # name holds a pod of another uid.
     answer = kube_call(
         f"evict {ns}/{name}",
         lambda: core.create_namespaced_pod_eviction(name, ns, eviction, **options),
         expect=(
             HTTPStatus.NOT_FOUND,
+            HTTPStatus.CONFLICT,
             HTTPStatus.TOO_MANY_REQUESTS,
             HTTPStatus.INTERNAL_SERVER_ERROR,
         ),
     )
-    if isinstance(answer, Refusal) and answer.status != HTTPStatus.NOT_FOUND:
-        return BlockingPod(ns, name, str(answer), _budget_of(api, pod))
-    return None
+    if not isinstance(answer, Refusal) or answer.status == HTTPStatus.NOT_FOUND:
+        return None
+    if answer.status == HTTPStatus.CONFLICT:
+        return BlockingPod(ns, name, f"{answer} (another pod of that name now)")
+    return BlockingPod(ns, name, str(answer), _budget_of(api, pod))
+
+
+def read_pod_now(
+    api: k8s.ApiClient, namespace: str, name: str, names: KubeNames = KUBE_NAMES
+) -> tuple[PodRequest, str] | None:
+    """The pod as it is now and its uid (for `request_eviction`); None when it is gone.
+    Raises KubeError."""
+    core = k8s.CoreV1Api(api)
+    found = kube_call(
+        f"read pod {namespace}/{name}",
+        lambda: core.read_namespaced_pod(name, namespace),
+        expect=(HTTPStatus.NOT_FOUND,),
+    )
+    if isinstance(found, Refusal):
+        return None
+    return read_pod(api.sanitize_for_serialization(found), names), found.metadata.uid
 
 
 def _budget_of(api: k8s.ApiClient, pod: PodRequest) -> str | None:
