@@ -19,6 +19,7 @@ from kubernetes import client as k8s
 
 from predictor.telemetry.kube_objects import KUBE_NAMES, KubeNames, PodRequest, read_pod
 from scaler.kube.errors import API_ERRORS, Refusal, kube_call
+from scaler.kube.pods import pod_json_now
 
 
 @dataclass(frozen=True, slots=True)
@@ -88,15 +89,10 @@ def read_pod_now(
 ) -> tuple[PodRequest, str] | None:
     """The pod as it is now and its uid (for `request_eviction`); None when it is gone.
     Raises KubeError."""
-    core = k8s.CoreV1Api(api)
-    found = kube_call(
-        f"read pod {namespace}/{name}",
-        lambda: core.read_namespaced_pod(name, namespace),
-        expect=(HTTPStatus.NOT_FOUND,),
-    )
-    if isinstance(found, Refusal):
+    found = pod_json_now(api, namespace, name)
+    if found is None:
         return None
-    return read_pod(api.sanitize_for_serialization(found), names), found.metadata.uid
+    return read_pod(found, names), found["metadata"]["uid"]
 
 
 def _budget_of(api: k8s.ApiClient, pod: PodRequest) -> str | None:

@@ -121,6 +121,7 @@ COMPONENT_MODULES: dict[str, tuple[str, ...]] = {
         "scaler/kube/observed.py",
         "scaler/kube/moves.py",
         "scaler/kube/evictions.py",
+        "scaler/kube/pods.py",
         "scaler/kube/mig_manager.py",
         "scaler/kube/capacity_buffers.py",
         "scaler/providers/karpenter.py",
@@ -132,6 +133,7 @@ COMPONENT_MODULES: dict[str, tuple[str, ...]] = {
     "service": (
         "scaler/service/cluster.py",
         "scaler/service/extender.py",
+        "scaler/kube/pods.py",
         "scaler/kube/observed.py",
         "scaler/providers/karpenter.py",
         "scaler/providers/autoscaler.py",

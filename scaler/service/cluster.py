@@ -22,7 +22,6 @@ import time
 from collections import OrderedDict
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
-from http import HTTPStatus
 
 from kubernetes import client as k8s
 
@@ -31,10 +30,11 @@ from scaler.cluster.templates import template_node
 from scaler.cluster.topology import parse_gpu_domains
 from scaler.controller.config import kube_names, workload_mix
 from scaler.controller.system import LiveSystem
-from scaler.kube.errors import KubeError, Refusal, kube_call
+from scaler.kube.errors import KubeError
 from scaler.kube.moves import PlannedMove
 from scaler.kube.objects import node_spec
 from scaler.kube.observed import ObservedCluster
+from scaler.kube.pods import pod_json_now
 from scaler.placement import (
     ClusterState,
     Job,
@@ -193,15 +193,8 @@ class LiveCluster:
             found = self._pods.get(uid) or self._pods.get(f"{namespace}/{name}")
         if found is not None or self.system.kube is None:
             return found
-        core = k8s.CoreV1Api(self.system.kube)
-        raw = kube_call(
-            f"read pod {namespace}/{name}",
-            lambda: core.read_namespaced_pod(name, namespace),
-            expect=(HTTPStatus.NOT_FOUND,),
-        )
-        if isinstance(raw, Refusal):
-            return None
-        return KubePod.model_validate(self.system.kube.sanitize_for_serialization(raw))
+        raw = pod_json_now(self.system.kube, namespace, name)
+        return None if raw is None else KubePod.model_validate(raw)
 
     # ---- internals --------------------------------------------------------------------------
     def sync_due(self, within_s: float = 0.0) -> bool:
