@@ -191,6 +191,10 @@ class Removal:
             "booting": self.booting,
         }
 
+    def action_entry(self) -> dict[str, Any]:
+        """The start of the pass's record of removing it (its status and result follow)."""
+        return {"action": "remove_node", "node": self.cloud_name, "kube_node": self.kube_name}
+
 
 @dataclass(frozen=True)
 class PendingFloor:
@@ -1077,8 +1081,7 @@ class Reconciler:
     ) -> dict[str, Any]:
         """Journal how a drained removal ended; a node that did not go serves again."""
         assert removal.kube_name is not None
-        entry: dict[str, Any] = {"action": "remove_node", "node": removal.cloud_name}
-        entry["kube_node"] = removal.kube_name
+        entry = removal.action_entry()
         if isinstance(result, Exception):
             status, why = "failed", str(result)
         else:
@@ -1105,8 +1108,7 @@ class Reconciler:
         provider itself (scale_down: provider), or no cluster to drain it in."""
         self._check_leader()
         action = self._begin_removal(decision_id, removal)
-        entry: dict[str, Any] = {"action": "remove_node", "node": removal.cloud_name}
-        entry["kube_node"] = removal.kube_name
+        entry = removal.action_entry()
         try:
             group = self.system.provider.node_group_for(removal.cloud_name)
             if group is None:
