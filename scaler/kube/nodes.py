@@ -131,9 +131,9 @@ class NodeRemoval:
         self._names = names
         self._marker = names.removal_annotation  # on the nodes gpuscale cordoned to remove
 
-    def remove(self, node_name: str, seen: frozenset[str] | None = None) -> RemovalOutcome:
+    def remove(self, node_name: str) -> RemovalOutcome:
         """Cordon, drain and delete one node: `prepare`, then `finish`."""
-        return self.prepare(node_name) or self.finish(node_name, seen)
+        return self.prepare(node_name) or self.finish(node_name)
 
     def prepare(self, node_name: str) -> RemovalOutcome | None:
         """Refuse the node (see `_group_of`), or cordon it: None when it is cordoned and
