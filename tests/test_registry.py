@@ -14,7 +14,12 @@ import pytest
 
 from predictor.data.loaders import load_trace
 from predictor.foundation.errors import InputError
-from predictor.lifecycle.registry import DamagedVersion, ModelRegistry, parse_reference
+from predictor.lifecycle.registry import (
+    DamagedVersion,
+    ModelRegistry,
+    Superseded,
+    parse_reference,
+)
 from predictor.models import BoostParams, build
 
 
@@ -84,6 +89,23 @@ def test_a_half_written_version_is_invisible(tmp_path: Path, history: pd.DataFra
     out = model.forecast(history, [1], (0.5,)).frame
     assert np.isfinite(out["q0.5"]).all()
     assert registry.save("persistence", model, {}).version == 2
+
+
+def test_a_save_after_a_version_is_refused_once_another_landed(
+    tmp_path: Path, history: pd.DataFrame
+) -> None:
+    """A writer that read version 1 as served (a retrain, a promote) must not land over a
+    version 2 saved meanwhile: it was never judged against it."""
+    registry = ModelRegistry(tmp_path)
+    model = build("persistence").fit(history)
+    assert registry.save("p", model, {}, after=None).version == 1
+    assert registry.save("p", model, {}, after=1).version == 2
+    for stale in (None, 1):
+        with pytest.raises(Superseded, match="p:2 was saved while this ran"):
+            registry.save("p", model, {}, after=stale)
+    assert [r.version for r in registry.versions("p")] == [1, 2]
+    assert not list((tmp_path / "p").glob(".tmp-*"))  # the refused staging is gone
+    assert registry.save("p", model, {}).version == 3  # no expectation: the next number
 
 
 def _save_within(registry: ModelRegistry, name: str, model: object, seconds: float) -> int:

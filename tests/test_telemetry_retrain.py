@@ -181,6 +181,42 @@ def test_a_served_model_that_cannot_run_is_replaced(tmp_path: Path) -> None:
     assert registry.record("gpuscale").metadata["previous"] == 1
 
 
+def test_a_retrain_overtaken_by_another_does_not_land_over_it(tmp_path: Path) -> None:
+    """Two nightly retrains overlap: both judge their candidate against version 1, the
+    first promotes version 2, the second must not replace version 2 (never compared with
+    it) nor record version 1 as what it displaced."""
+    from predictor.lifecycle.retraining import RetrainPlan
+    from predictor.lifecycle.retraining import retrain as run_retrain
+    from predictor.models import build
+
+    registry = ModelRegistry(tmp_path / "models")
+    old = random_walk("2025-12-01", [(2, 2.0)], seed=0)
+    registry.save("gpuscale", build("persistence").fit(old), {"model": "persistence"})
+    state = store_with(tmp_path / "state", random_walk("2026-01-01", [(4, 2.0)], seed=1))
+    plan = RetrainPlan(model="empirical", backtest_steps=DAY)
+    overtaking = []
+
+    def meanwhile(what: str) -> None:
+        if what == "backtesting the candidate" and not overtaking:
+            overtaking.append(run_retrain(TelemetryStore(state), registry, plan))
+
+    late = run_retrain(TelemetryStore(state), registry, plan, on_step=meanwhile)
+    assert overtaking[0].promoted and overtaking[0].record.version == 2
+    assert not late.promoted
+    assert late.record.name == "gpuscale.rejected"
+    assert "gpuscale:2 was saved while this retrain ran" in late.reason
+    assert late.record.metadata["decision"] == {
+        "promoted": False,
+        "reason": late.reason,
+        "by": "retrain",
+    }
+    assert "previous" not in late.record.metadata
+    assert [(r.version, r.metadata.get("previous")) for r in registry.versions("gpuscale")] == [
+        (1, None),
+        (2, 1),
+    ]
+
+
 def test_models_list_refuses_a_registry_that_is_not_there(tmp_path: Path) -> None:
     from predictor.foundation.errors import InputError
 

@@ -7,7 +7,8 @@ folder that no reader lists. A version folder without a whole `metadata.json` or
 `model.pkl` (an interrupted copy, a damaged disk) is listed as damaged: its number is
 never reused, and whatever needs it, or needs the served model while it is the newest
 version, is refused with an error naming the file, rather than silently served by the
-version before it.
+version before it. A writer whose decision rests on the served version (retrain, train,
+promote, rollback) saves `after` it, and is refused if another version landed meanwhile.
 
 Format: pickle. A deployed model is a composite (several LightGBM boosters, per-series
 scales, calibration state), and pickle round-trips all of it exactly; LightGBM's own model
@@ -32,6 +33,7 @@ from dataclasses import dataclass
 from datetime import UTC, datetime
 from importlib import metadata as importlib_metadata
 from pathlib import Path
+from types import EllipsisType
 from typing import Any
 
 from predictor.foundation.errors import InputError
@@ -114,15 +116,40 @@ def check_served_name(name: str) -> str:
     return name
 
 
+class Superseded(InputError):
+    """A save that was to follow `expected` found a newer version of `name` there: another
+    writer (a second retrain, a promote) landed in between, and this one was not judged
+    against it."""
+
+    def __init__(self, name: str, expected: int | None, newest: int) -> None:
+        self.name, self.expected, self.newest = name, expected, newest
+        was = "nothing" if expected is None else f"{name}:{expected}"
+        super().__init__(
+            f"{name}:{newest} was saved while this ran (it began when {was} was served);"
+            " nothing was saved, run it again"
+        )
+
+
 class ModelRegistry:
     """Versions of named models under `root`."""
 
     def __init__(self, root: str | Path) -> None:
         self.root = Path(root).expanduser()
 
-    def save(self, name: str, model: Forecaster, metadata: dict[str, Any]) -> ModelRecord:
+    def save(
+        self,
+        name: str,
+        model: Forecaster,
+        metadata: dict[str, Any],
+        *,
+        after: int | EllipsisType | None = ...,
+    ) -> ModelRecord:
         """Store `model` as the next version of `name`; `metadata` is completed with the
-        name, version, creation time, library versions and the artifact's checksum."""
+        name, version, creation time, library versions and the artifact's checksum.
+
+        `after` is the version the caller read as the newest (None: there was none); the
+        save is then refused with `Superseded` when any other version has landed since,
+        so a decision made against one served model never lands over another."""
         check_name(name)
         folder = self.root / name
         folder.mkdir(parents=True, exist_ok=True)
@@ -137,7 +164,10 @@ class ModelRegistry:
             while True:
                 # Above every numbered entry, damaged ones included, and above the number
                 # just lost to a rival writer: the number only grows, so this ends.
-                version = max(self._highest(folder), version) + 1
+                highest = self._highest(folder)
+                if after is not ... and highest != (after or 0):
+                    raise Superseded(name, after, highest)
+                version = max(highest, version) + 1
                 record = {
                     "name": name,
                     "version": version,
@@ -156,7 +186,8 @@ class ModelRegistry:
                 _fsync_tree(staging)
                 try:
                     # rename() of a folder onto an existing one fails: a writer that lost a
-                    # race for this version number takes the next one.
+                    # race for this version number takes the next one (or, with `after`,
+                    # is refused on the next pass).
                     os.rename(staging, folder / str(version))
                 except OSError:
                     if (folder / str(version)).exists():

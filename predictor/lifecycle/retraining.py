@@ -9,7 +9,9 @@ reader of the registry loads), so a model becomes served only by being appended 
   quantile), else to `NAME.rejected`. Either way its metadata keeps both scores.
 - `promote` appends a copy of any stored version to NAME (a manual override).
 - `rollback` appends a copy of the model NAME served before the current one.
-Versions are never rewritten, so the registry is also the history of what was served.
+Versions are never rewritten, so the registry is also the history of what was served. A
+candidate lands only over the version it was judged against: when another retrain or a
+promote saved one meanwhile, it goes to `NAME.rejected` instead.
 
 Both sides are judged out of sample. A served model whose training reached into the window
 (one that `gpuscale train` fitted on the whole history an hour ago, say) would be scored
@@ -36,6 +38,7 @@ from predictor.lifecycle.registry import (
     REJECTED_SUFFIX,
     ModelRecord,
     ModelRegistry,
+    Superseded,
     check_served_name,
     parse_reference,
 )
@@ -227,11 +230,24 @@ def retrain(
         },
         "decision": {"promoted": promoted, "reason": reason, "by": "retrain"},
     }
+    served_version = None if current is None else current.version
     if promoted:
-        # What was served before: where a rollback returns to.
-        metadata["previous"] = None if current is None else current.version
-    target = plan.name if promoted else plan.name + REJECTED_SUFFIX
-    record = registry.save(target, candidate, metadata)
+        try:
+            # Only over the version it was judged against: a second retrain (or a promote)
+            # that landed meanwhile was never compared with this candidate.
+            record = registry.save(
+                plan.name, candidate, {**metadata, "previous": served_version}, after=served_version
+            )
+        except Superseded as exc:
+            promoted = False
+            judged = "no served model" if current is None else f"version {current.version}"
+            reason = (
+                f"{plan.name}:{exc.newest} was saved while this retrain ran, and the candidate"
+                f" was judged against {judged} only, so it does not replace it ({reason})"
+            )
+            metadata["decision"] = {"promoted": False, "reason": reason, "by": "retrain"}
+    if not promoted:
+        record = registry.save(plan.name + REJECTED_SUFFIX, candidate, metadata)
     return RetrainOutcome(
         promoted,
         reason,
@@ -269,6 +285,7 @@ def promote(registry: ModelRegistry, reference: str, to: str | None = None) -> M
     model, source = registry.load(name, version)
     target = check_served_name(to or name.removesuffix(REJECTED_SUFFIX))
     served_now = registry.served(target)
+    served_version = None if served_now is None else served_now.version
     metadata = {
         **_inherited(source.metadata),
         "decision": {
@@ -277,9 +294,9 @@ def promote(registry: ModelRegistry, reference: str, to: str | None = None) -> M
             "by": "promote",
         },
         "copied_from": f"{name}:{source.version}",
-        "previous": None if served_now is None else served_now.version,
+        "previous": served_version,
     }
-    return registry.save(target, model, metadata)
+    return registry.save(target, model, metadata, after=served_version)
 
 
 def rollback(registry: ModelRegistry, name: str) -> ModelRecord:
@@ -301,7 +318,7 @@ def rollback(registry: ModelRegistry, name: str) -> ModelRecord:
         # A later rollback continues from what preceded the version restored here.
         "previous": target.metadata.get("previous"),
     }
-    return registry.save(name, model, metadata)
+    return registry.save(name, model, metadata, after=current.version)
 
 
 def _inherited(metadata: dict[str, Any]) -> dict[str, Any]:

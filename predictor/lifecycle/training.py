@@ -152,4 +152,8 @@ def train_and_register(
         shards=shards,
     )
     previous = None if served is None else served.version
-    return registry.save(name, trained.model, {**trained.metadata, "previous": previous})
+    # Over the version read before fitting only: one saved meanwhile is not displaced
+    # unrecorded (a rollback from this one would skip it).
+    return registry.save(
+        name, trained.model, {**trained.metadata, "previous": previous}, after=previous
+    )
