@@ -10,7 +10,10 @@ import pandas as pd
 import pytest
 from typer.testing import CliRunner
 
+from predictor.foundation.errors import InputError
 from predictor.lifecycle.registry import ModelRegistry
+from predictor.models.baselines import Persistence
+from predictor.models.direct import SeriesArrays
 from predictor.telemetry.store import TelemetryStore
 from scaler.cli import app
 
@@ -215,6 +218,50 @@ def test_a_retrain_overtaken_by_another_does_not_land_over_it(tmp_path: Path) ->
         (1, None),
         (2, 1),
     ]
+
+
+class Diverged(Persistence):
+    """Stands for a model whose forecasts went NaN on one series (a diverged net, a
+    feature broken by a gap)."""
+
+    name = "diverged"
+
+    def _quantiles(
+        self, s: SeriesArrays, anchors: np.ndarray, horizon: int, levels: np.ndarray
+    ) -> np.ndarray:
+        out = super()._quantiles(s, anchors, horizon, levels)
+        return out * np.nan if s.unique_id == "pool-b" else out
+
+
+def two_pools(days: int) -> pd.DataFrame:
+    a = random_walk("2026-01-01", [(days, 2.0)], seed=8)
+    return pd.concat([a, a.assign(unique_id="pool-b", y=a["y"] + 5)], ignore_index=True)
+
+
+def test_a_served_model_forecasting_nan_is_replaced(tmp_path: Path) -> None:
+    """Its mean pinball was NaN, `candidate < NaN` is false: it served forever."""
+    registry = ModelRegistry(tmp_path / "models")
+    registry.save("gpuscale", Diverged(), {"model": "diverged"})
+    state = store_with(tmp_path / "state", two_pools(3))
+    outcome = retrain(state, registry.root)
+    assert outcome["promoted"] and outcome["stored_as"] == "gpuscale:2", outcome["reason"]
+    assert "no finite q0.99 forecast at horizon 1 on 144 of 288 steps" in outcome["reason"]
+    assert "(series pool-b)" in outcome["reason"]
+
+
+def test_a_candidate_forecasting_nan_is_never_stored(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """With nothing served (or a served model that cannot run) a NaN candidate was promoted."""
+    import predictor.lifecycle.retraining as retraining
+
+    monkeypatch.setattr(retraining, "build", lambda name, **params: Diverged())
+    state = store_with(tmp_path / "state", two_pools(3))
+    registry = ModelRegistry(tmp_path / "models")
+    plan = retraining.RetrainPlan(model="empirical", backtest_steps=DAY)
+    with pytest.raises(InputError, match="the candidate cannot be judged, nothing was stored"):
+        retraining.retrain(TelemetryStore(state), registry, plan)
+    assert registry.names() == []
 
 
 def test_models_list_refuses_a_registry_that_is_not_there(tmp_path: Path) -> None:

@@ -140,7 +140,10 @@ def backtest(
     plan: RetrainPlan,
 ) -> Scores:
     """The plan's score of `model` on every observed step from `start` on, per horizon (the
-    forecast of y[t] from data up to t - h only), and their mean."""
+    forecast of y[t] from data up to t - h only), and their mean. A forecast that is not a
+    number on any of those steps is refused: one NaN made the mean NaN, and a NaN compares
+    false with everything, so the gate kept a NaN served model forever and promoted a NaN
+    candidate whenever the served one could not be scored."""
     levels = sorted({0.5, plan.quantile})
     column = quantile_column(plan.quantile if plan.score == "pinball" else 0.5)
     actual = history[["unique_id", "ds", "y"]]
@@ -151,7 +154,14 @@ def backtest(
         scored = scored[scored["ds"] >= start]
         if scored.empty:
             raise InputError(f"nothing to score at horizon {h} in the window from {start}")
-        y, forecast = scored["y"].to_numpy(), scored[column].to_numpy()
+        y, forecast = scored["y"].to_numpy(), scored[column].to_numpy(dtype=float)
+        broken = ~np.isfinite(forecast)
+        if broken.any():
+            names = ", ".join(sorted(map(str, scored["unique_id"][broken].unique())))
+            raise InputError(
+                f"no finite {column} forecast at horizon {h} on"
+                f" {int(broken.sum())} of {broken.size} steps of the window (series {names})"
+            )
         value = (
             pinball(y, forecast, plan.quantile) if plan.score == "pinball" else rmse(y, forecast)
         )
@@ -181,7 +191,10 @@ def retrain(
     candidate = build(plan.model).fit(train)
     if on_step:
         on_step("backtesting the candidate")
-    candidate_scores = backtest(candidate, history, start, plan)
+    try:
+        candidate_scores = backtest(candidate, history, start, plan)
+    except InputError as exc:
+        raise InputError(f"the candidate cannot be judged, nothing was stored: {exc}") from None
     current_scores, unusable, refitted = None, None, False
     if current is not None:
         try:
