@@ -51,7 +51,7 @@ def test_round_trip_gives_the_same_forecasts(tmp_path: Path, history: pd.DataFra
 
     meta = json.loads((first.path / "metadata.json").read_text())
     assert meta["name"] == "gpuscale" and meta["version"] == 1 and meta["horizons"] == [1, 3]
-    assert set(meta["libraries"]) >= {"python", "lightgbm", "pandas", "numpy", "gpuscale"}
+    assert set(meta["libraries"]) >= {"python", "lightgbm", "torch", "pandas", "numpy", "gpuscale"}
     assert meta["artifact"]["format"] == "pickle" and len(meta["artifact"]["sha256"]) == 64
     # no staging folders left behind
     assert sorted(p.name for p in (tmp_path / "models" / "gpuscale").iterdir()) == ["1", "2"]

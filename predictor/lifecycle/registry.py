@@ -43,7 +43,8 @@ from predictor.models.forecast import Forecaster
 ARTIFACT = "model.pkl"
 METADATA = "metadata.json"
 _NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,63}$")
-_LIBRARIES = ("lightgbm", "pandas", "numpy", "gpuscale")
+# torch: the torch models pickle its tensors, and their numbers depend on its kernels.
+_LIBRARIES = ("lightgbm", "torch", "pandas", "numpy", "gpuscale")
 # A name with this suffix holds candidates that retraining rejected: it never serves.
 REJECTED_SUFFIX = ".rejected"
 
