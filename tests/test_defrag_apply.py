@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import copy
 import json
+import time
 import warnings
 from collections.abc import Iterator
 from dataclasses import replace
@@ -851,3 +852,48 @@ def test_an_eviction_names_the_uid_it_read(tmp_path: Path, fake: FakeKube) -> No
     blocked = request_eviction(api, old, uid=uid)
     assert blocked is not None and "409" in blocked.reason
     assert fake.get("pods", "s-0", NS)  # the new pod stays
+
+
+# ---------------------------------------------------------------- moves on their way
+
+
+def test_a_later_pass_leaves_the_room_an_earlier_move_holds(tmp_path: Path, fake: FakeKube) -> None:
+    """Pass 1 moves `a` onto n2; its successor is created but not bound yet (held while
+    `a` terminates, or the scheduler has not got to it) when pass 2 runs, as `--every` does.
+    Pass 2 sees n2's noted GPUs free: it must neither empty n2 (the successor is on its way
+    there, so n2 would not be freed and `b` would be moved for nothing) nor plan a move
+    onto the GPUs the successor is to get."""
+    fake.create("nodes", node_json("n1"))
+    fake.create("nodes", node_json("n2"))
+    fake.create("nodes", node_json("n3"))
+    fake.create("pods", pod_json("a", 2, "n1", labels=MOVABLE))
+    fake.create("pods", pod_json("b", 4, "n2", labels=MOVABLE, owner="rs-b"))
+    fake.create("pods", pod_json("c", 4, "n3", labels=MOVABLE, owner="rs-c"))
+    pods = {p["metadata"]["name"]: p for p in fake.objects("pods", NS)}
+    first = run_defrag(tmp_path, fake, "--apply")
+    (moved,) = [r for r in first["results"] if r["status"] == "done"]
+    assert moved["job"] == f"{NS}/a"
+    successors(fake, pods)  # a-next: pending, steered to moved["to"]
+    second = run_defrag(tmp_path, fake, "--apply")
+    plan = second["plan"]
+    assert all(m["from"] != moved["to"] for m in plan["moves"]), plan["moves"]
+    for m in plan["moves"]:
+        assert m["to"] != moved["to"] or not set(m["gpus"]) & set(moved["gpus"]), m
+    assert f"node {moved['to']}" not in plan["freed_nodes"]
+    assert evictions(fake) == ["a"]
+    # Once the successor has landed on the noted GPUs, the room is its own: nothing awaited.
+    from scaler.controller.defrag_plan import awaited
+
+    gpus = ",".join(map(str, moved["gpus"]))
+    annotations = {KUBE_NAMES.gpus_annotation: gpus}
+    fake.patch(
+        "pods",
+        "a-next",
+        {"metadata": {"annotations": annotations}, "spec": {"nodeName": moved["to"]}},
+        NS,
+    )
+    fake.patch("pods", "a-next", {"status": {"phase": "Running"}}, NS)
+    config = LiveConfig.model_validate(config_dict(tmp_path, fake))
+    assert config.kubernetes is not None
+    seen = observe_cluster(kube_client(config.kubernetes))
+    assert seen.moves.get(moved["to"]) and awaited(seen, time.time()) == []

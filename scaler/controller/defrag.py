@@ -185,7 +185,15 @@ class Defragmenter:
         refused: dict[str, tuple[PlannedStep, str]] = {}  # job -> its refused step, why
         for attempt in range(REPLANS + 1):
             report = plan_report(
-                observed, self.policy, settings, self.names, self.mix, made, refused, mig_nodes
+                observed,
+                self.policy,
+                settings,
+                self.names,
+                self.mix,
+                made,
+                refused,
+                mig_nodes,
+                self.clock(),
             )
             refusals = self._ask(report, observed) if apply else {}
             if not refusals or attempt == REPLANS:

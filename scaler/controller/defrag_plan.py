@@ -5,14 +5,16 @@ frees.
 window leaves (`move_budget`), moving only pods that may move (`why_unmovable`): labelled
 `gpuscale.io/movable=true` or of an allowed priority class, recreated by a controller, not
 marked safe-to-evict "false", not a placeholder. The budget the moves leave goes to
-repartitions (`scaler.controller.repartition_plan`). The report says what the plan frees:
-idle GPUs per node before and after, and which pending pods and job-mix shapes then fit
-where they did not. Nothing here reads or changes the cluster (`scaler.controller.defrag`
-does).
+repartitions (`scaler.controller.repartition_plan`). The moves of earlier passes whose
+successors have not landed yet keep their room (`awaited`, `hold_awaited`). The report
+says what the plan frees: idle GPUs per node before and after, and which pending pods and
+job-mix shapes then fit where they did not. Nothing here reads or changes the cluster
+(`scaler.controller.defrag` does).
 """
 
 from __future__ import annotations
 
+import contextlib
 from collections.abc import Collection, Mapping, Sequence
 from dataclasses import dataclass
 from functools import partial
@@ -27,7 +29,7 @@ from scaler.cluster.snapshot import ClusterState
 from scaler.controller.config import DefragSection
 from scaler.controller.repartition_plan import RepartitionStep, plan_mig, repartition_steps
 from scaler.kube.mig_manager import MigManagedNode
-from scaler.kube.moves import shape_of
+from scaler.kube.moves import PlannedMove, shape_of
 from scaler.kube.observed import ObservedCluster
 from scaler.placement.defrag import DefragPlan, Goal, Move, apply_plan, plan_defrag
 from scaler.placement.policies.base import Policy
@@ -74,6 +76,46 @@ def why_changed(
     if asked != (listed.gpus, listed.gpu_milli, listed.cpu_milli, listed.memory_mib, listed.mig):
         return "it asks for other resources now than the plan placed"
     return why_unmovable(now, settings, names)
+
+
+def awaited(observed: ObservedCluster, now: float) -> list[tuple[str, PlannedMove]]:
+    """The live moves noted by earlier passes whose successor has not landed yet (target
+    node, move): no pod on the target that the move matches holds its GPUs. A successor
+    bound without its GPUs recorded is not recognised, so its room stays held until the
+    note expires: too much held, never too little."""
+    state = observed.state
+    if state is None:
+        return []
+    waiting = []
+    for node, moves in sorted(observed.moves.items()):
+        if node not in state.names:
+            continue
+        on_node = [state.jobs[j] for j in state.node_jobs[state.node_index(node)]]
+        for move in moves:
+            landed = any(
+                a.gpus == move.gpus
+                and a.job.id in observed.bound_pods
+                and move.matches(observed.bound_pods[a.job.id], a.job)
+                for a in on_node
+            )
+            if move.live(now) and not landed:
+                waiting.append((node, move))
+    return waiting
+
+
+def hold_awaited(state: ClusterState, moves: Sequence[tuple[str, PlannedMove]]) -> ClusterState:
+    """`state` with a stand-in bound where each awaited move's successor is to land: the
+    plan neither moves another pod onto those GPUs nor empties that node (a stand-in never
+    moves), which the successor would fill again. A stand-in that no longer fits (the
+    noted GPUs taken since) is left out: that room is gone anyway."""
+    held = state.copy()
+    for node, move in moves:
+        cpu, memory, num_gpu, gpu_milli = move.shape
+        gpus = move.gpus if len(move.gpus) == num_gpu else ()  # a MIG move: instances
+        stand_in = Job(f"awaited {move.id}", cpu, memory, len(gpus), gpu_milli if gpus else 0)
+        with contextlib.suppress(ValueError):
+            held.bind(stand_in, held.node_index(node), gpus)
+    return held
 
 
 def move_budget(max_moves: int, made_in_window: int) -> int:
@@ -205,11 +247,16 @@ def plan_report(
     made_in_window: int = 0,
     refused: Collection[str] = (),
     mig_nodes: Mapping[str, MigManagedNode] | None = None,
+    now: float = 0.0,
 ) -> DefragReport:
     """The plan for `observed` within the window's budget, and what it frees. `refused`:
     the pods (job ids) whose eviction was refused in a dry run, left in place;
-    `mig_nodes`: the nodes the MIG manager manages, as their labels say."""
+    `mig_nodes`: the nodes the MIG manager manages, as their labels say; `now` (Unix
+    time) says which moves of earlier passes are still awaited (`awaited`): their room is
+    held."""
     state = observed.state
+    if state is not None:
+        state = hold_awaited(state, awaited(observed, now))
     mig_nodes = mig_nodes or {}
     unmovable: dict[str, int] = {}
     allowed: set[str] = set()
