@@ -897,3 +897,40 @@ def test_a_later_pass_leaves_the_room_an_earlier_move_holds(tmp_path: Path, fake
     assert config.kubernetes is not None
     seen = observe_cluster(kube_client(config.kubernetes))
     assert seen.moves.get(moved["to"]) and awaited(seen, time.time()) == []
+
+
+# ---------------------------------------------------------------- gangs
+
+
+def test_gang_members_are_never_moved(tmp_path: Path, fake: FakeKube) -> None:
+    """A two-pod JobSet (one member on n1, one on n2) and a pod of a Kueue pod set placed
+    by topology, all labelled movable: evicting one member stops the whole job, and moves
+    go one pod at a time, so none is planned, even with --apply; a lone pod still moves."""
+    for name in ("n1", "n2", "n3"):
+        fake.create("nodes", node_json(name))
+    jobset = MOVABLE | {"jobset.sigs.k8s.io/jobset-name": "train"}
+    fake.create("pods", pod_json("w-0", 2, "n1", labels=jobset, owner="job-train"))
+    fake.create("pods", pod_json("w-1", 2, "n2", labels=jobset, owner="job-train"))
+    tas = pod_json("t-0", 1, "n3", labels=MOVABLE, owner="job-tas")
+    tas["metadata"]["annotations"] = {"kueue.x-k8s.io/podset-required-topology": "rack"}
+    fake.create("pods", tas)
+    fake.create("pods", pod_json("lone", 1, "n3", labels=MOVABLE, owner="rs-lone"))
+    out = run_defrag(tmp_path, fake, "--apply")
+    plan = out["plan"]
+    moved = {m["job"] for m in plan["moves"]}
+    assert not moved & {f"{NS}/w-0", f"{NS}/w-1", f"{NS}/t-0"}
+    assert set(evictions(fake) + evictions(fake, dry=True)) <= {"lone"}
+    unmovable = plan["unmovable"]
+    assert (
+        unmovable[
+            "a gang member (jobset.sigs.k8s.io/jobset-name=train): its members are not moved one"
+            " at a time"
+        ]
+        == 2
+    )
+    assert (
+        unmovable[
+            "a gang member (Kueue's podset topology): its members are not moved one at a time"
+        ]
+        == 1
+    )

@@ -4,12 +4,12 @@ frees.
 `plan_report` plans with the placement policy the service places with, within what the
 window leaves (`move_budget`), moving only pods that may move (`why_unmovable`): labelled
 `gpuscale.io/movable=true` or of an allowed priority class, recreated by a controller, not
-marked safe-to-evict "false", not a placeholder. The budget the moves leave goes to
-repartitions (`scaler.controller.repartition_plan`). The moves of earlier passes whose
-successors have not landed yet keep their room (`awaited`, `hold_awaited`). The report
-says what the plan frees: idle GPUs per node before and after, and which pending pods and
-job-mix shapes then fit where they did not. Nothing here reads or changes the cluster
-(`scaler.controller.defrag` does).
+marked safe-to-evict "false", not a placeholder, not a gang member (`GANG_LABELS`). The
+budget the moves leave goes to repartitions (`scaler.controller.repartition_plan`). The
+moves of earlier passes whose successors have not landed yet keep their room (`awaited`,
+`hold_awaited`). The report says what the plan frees: idle GPUs per node before and after,
+and which pending pods and job-mix shapes then fit where they did not. Nothing here reads
+or changes the cluster (`scaler.controller.defrag` does).
 """
 
 from __future__ import annotations
@@ -36,6 +36,19 @@ from scaler.placement.policies.base import Policy
 from scaler.placement.repartition import RefusedRepartition, apply_repartition
 
 REFUSED = "its eviction was refused (a PodDisruptionBudget)"
+# Pod labels that make a pod one member of a gang (distributed training): coscheduling's
+# pod group (both spellings), Kueue's plain pod groups, JobSet, LeaderWorkerSet, the
+# Kubeflow training operator and Volcano. Evicting one member stops or restarts the whole
+# job, and moves are made one pod at a time, so no member is moved.
+GANG_LABELS = (
+    "scheduling.x-k8s.io/pod-group",
+    "pod-group.scheduling.sigs.k8s.io",
+    "kueue.x-k8s.io/pod-group-name",
+    "jobset.sigs.k8s.io/jobset-name",
+    "leaderworkerset.sigs.k8s.io/name",
+    "training.kubeflow.org/job-name",
+    "volcano.sh/job-name",
+)
 
 
 def why_unmovable(pod: PodRequest, settings: DefragSection, names: KubeNames) -> str | None:
@@ -48,7 +61,13 @@ def why_unmovable(pod: PodRequest, settings: DefragSection, names: KubeNames) ->
         return "already terminating"
     if pod.controller_uid is None:
         return "no controller would recreate it"
-    labelled = dict(pod.labels).get(names.movable_label) == "true"
+    labels = dict(pod.labels)
+    gang = next((f"{k}={labels[k]}" for k in GANG_LABELS if k in labels), None)
+    if gang is None and pod.topology is not None:
+        gang = "Kueue's podset topology"  # placed with its pod set's other members
+    if gang is not None:
+        return f"a gang member ({gang}): its members are not moved one at a time"
+    labelled = labels.get(names.movable_label) == "true"
     if not labelled and pod.priority_class not in settings.priority_classes:
         return f"not labelled {names.movable_label}=true nor of an allowed priority class"
     return None
