@@ -145,6 +145,78 @@ def test_a_down_source_is_retried_recorded_as_a_gap_and_does_not_stop_others(
     assert 'gpuscale_collector_lag_seconds{source="steady"} -14.0' in text
 
 
+class Broken(Steady):
+    """Answers, except that the samples at `broken` raise what no source should (a bug, an
+    answer it could not read)."""
+
+    name = "broken"
+
+    def __init__(self, broken: set[pd.Timestamp]) -> None:
+        self.broken = broken
+
+    def sample(self, at: pd.Timestamp) -> list[MetricBatch]:
+        if at in self.broken:
+            raise AttributeError("'int' object has no attribute 'get'")
+        return super().sample(at)
+
+
+def test_a_source_that_raises_unexpectedly_loses_that_sample_not_the_rest(
+    tmp_path: Path,
+) -> None:
+    store = TelemetryStore(tmp_path)
+    interval = pd.Timedelta("1s")
+    start = pd.Timestamp.now(tz="UTC").tz_localize(None).ceil(interval)
+    broken = Broken({start + interval})
+    metrics = CollectorMetrics()
+    collector = Collector(store, [broken], interval, RetryPolicy(attempts=1), metrics)
+    stop = threading.Event()
+    runner = threading.Thread(target=collector.run, args=(stop, start))
+    runner.start()
+    time.sleep((start - pd.Timestamp.now(tz="UTC").tz_localize(None)).total_seconds() + 3.5)
+    stop.set()
+    runner.join(timeout=5)
+    stamps = set(store.query("gpu_demand")["ds"])
+    # The sampling thread lived on: the samples after the broken one were taken.
+    assert {start, start + 2 * interval, start + 3 * interval} <= stamps
+    assert start + interval not in stamps
+    gaps = store.gaps("broken")
+    assert list(gaps["start"]) == [start + interval]
+    assert gaps["reason"].iloc[0] == "AttributeError: 'int' object has no attribute 'get'"
+    text = generate_latest(metrics.registry).decode()
+    assert 'gpuscale_collector_source_errors_total{source="broken"} 1.0' in text
+    assert 'gpuscale_collector_source_up{source="broken"} 1.0' in text
+
+
+class TwoMetrics(Steady):
+    """One sample, two metrics: gpu_demand and capacity of pool-a, in GPUs."""
+
+    name = "two"
+
+    def sample(self, at: pd.Timestamp) -> list[MetricBatch]:
+        gpus = points("pool-a", [at], [8.0]).assign(unit="gpus")
+        return [MetricBatch("gpu_demand", gpus), MetricBatch("capacity", gpus)]
+
+
+def test_a_sample_the_store_refuses_is_written_not_at_all_and_recorded_as_a_gap(
+    tmp_path: Path,
+) -> None:
+    store = TelemetryStore(tmp_path)
+    # capacity of pool-a imported in nodes: the sample's capacity (in GPUs) is refused.
+    store.append(
+        points("pool-a", [T0], [2.0]), metric="capacity", source="trace", labels={"unit": "nodes"}
+    )
+    metrics = CollectorMetrics()
+    collector = Collector(store, [TwoMetrics()], STEP, RetryPolicy(attempts=1), metrics)
+    [outcome] = collector.collect_once(T0 + STEP)
+    assert outcome.error is not None and "stored in nodes, not gpus" in outcome.error
+    # Nothing of the sample: gpu_demand, written first, is not there either.
+    assert store.query("gpu_demand").empty
+    assert list(store.gaps("two")["start"]) == [T0 + STEP]
+    text = generate_latest(metrics.registry).decode()
+    assert 'gpuscale_collector_source_up{source="two"} 0.0' in text
+    assert 'points_written_total{metric="gpu_demand"' not in text
+
+
 def test_backfill_resumes_after_the_newest_stored_point(tmp_path: Path) -> None:
     store = TelemetryStore(tmp_path)
     history = History()

@@ -14,6 +14,7 @@ errors, gaps, and the lag of each source (seconds since its newest point).
 from __future__ import annotations
 
 import logging
+import sqlite3
 import threading
 import time
 from collections.abc import Callable, Sequence
@@ -22,6 +23,7 @@ from dataclasses import dataclass, field
 import pandas as pd
 from prometheus_client import CollectorRegistry, Counter, Gauge, start_http_server
 
+from predictor.foundation.errors import InputError
 from predictor.telemetry.config import CollectorConfig
 from predictor.telemetry.sources import (
     BackfillSource,
@@ -35,6 +37,10 @@ from predictor.telemetry.sources import (
 from predictor.telemetry.store import TelemetryStore
 
 log = logging.getLogger(__name__)
+
+# What a store that cannot take a write raises: input it refuses (a unit conflict), a
+# database locked past its busy timeout or damaged, a disk that is full.
+_STORE_ERRORS = (InputError, sqlite3.Error, OSError)
 
 Clock = Callable[[], pd.Timestamp]
 
@@ -144,11 +150,15 @@ class Collector:
 
     # ---- writing ------------------------------------------------------------------------
     def _write(self, source: Source, batches: list[MetricBatch]) -> int:
-        written = 0
-        for batch in batches:
-            if len(batch) == 0:
-                continue
-            written += self.store.append(batch.points, metric=batch.metric, source=source.name)
+        """Write one answer of a source in one transaction, so a sample is stored whole or
+        not at all (a gap is recorded for one that was not: never a value inside a gap)."""
+        kept = [batch for batch in batches if len(batch)]
+        if not kept:
+            return 0
+        written = self.store.append_metrics(
+            [(batch.metric, batch.points) for batch in kept], source=source.name
+        )
+        for batch in kept:
             self.metrics.points.labels(source.name, batch.metric).inc(len(batch))
             newest = batch.points["ds"].max()
             if source.name not in self._newest or newest > self._newest[source.name]:
@@ -156,7 +166,13 @@ class Collector:
         return written
 
     def _gap(self, source: Source, start: pd.Timestamp, end: pd.Timestamp, reason: str) -> None:
-        self.store.record_gap(source.name, start, end, reason)
+        try:
+            self.store.record_gap(source.name, start, end, reason)
+        except _STORE_ERRORS as exc:
+            # The store that could not take the points may not take the gap either; the
+            # sampling goes on, and the error count says what was lost.
+            log.error("cannot record the gap of %s %s..%s: %s", source.name, start, end, exc)
+            return
         self.metrics.gaps.labels(source.name).inc()
 
     # ---- backfill -----------------------------------------------------------------------
@@ -208,27 +224,44 @@ class Collector:
     # ---- live samples -------------------------------------------------------------------
     def collect(self, source: Source, at: pd.Timestamp) -> SampleOutcome:
         """Sample one source at grid point `at` (with retries) and write what it gave; if it
-        failed, record the gap and say why."""
+        failed, or the store refused it, say why (the caller records the gap)."""
         try:
             batches = with_retries(
                 lambda: source.sample(at), self.retry, f"sample {source.name}", self.sleep
             )
         except SourceError as exc:
-            failures = self._down.get(source.name, 0) + 1
-            self._down[source.name] = failures
-            if failures == 1:
-                log.error(
-                    "source %s is down: %s; recording gaps until it returns", source.name, exc
-                )
-            self.metrics.errors.labels(source.name).inc()
-            self.metrics.up.labels(source.name).set(0)
-            return SampleOutcome(source.name, at, 0, str(exc))
-        written = self._write(source, batches)
+            return self._failed(source, at, str(exc))
+        except Exception as exc:
+            # A source's bug or an answer it could not read: one sample lost, not every
+            # later one (the source's thread would end, its up gauge frozen at 1).
+            return self._failed(source, at, f"{type(exc).__name__}: {exc}", unexpected=True)
+        try:
+            written = self._write(source, batches)
+        except _STORE_ERRORS as exc:
+            return self._failed(source, at, f"store refused the sample: {exc}")
         failures = self._down.pop(source.name, 0)
         if failures:
             log.warning("source %s is back after %d failed samples", source.name, failures)
         self.metrics.up.labels(source.name).set(1)
         return SampleOutcome(source.name, at, written)
+
+    def _failed(
+        self, source: Source, at: pd.Timestamp, error: str, unexpected: bool = False
+    ) -> SampleOutcome:
+        """Count a failed sample; the first of a run is logged (with the traceback when the
+        failure was no SourceError), the rest only counted."""
+        failures = self._down.get(source.name, 0) + 1
+        self._down[source.name] = failures
+        if failures == 1:
+            log.error(
+                "source %s is down: %s; recording gaps until it returns",
+                source.name,
+                error,
+                exc_info=unexpected,
+            )
+        self.metrics.errors.labels(source.name).inc()
+        self.metrics.up.labels(source.name).set(0)
+        return SampleOutcome(source.name, at, 0, error)
 
     def collect_once(self, now: pd.Timestamp | None = None) -> list[SampleOutcome]:
         """One sample of every source at the current grid point; failures become gaps."""

@@ -159,6 +159,18 @@ class TelemetryStore:
             _write(conn, batch, self.path)
         return len(batch.ts)
 
+    def append_metrics(
+        self, batches: Sequence[tuple[str, pd.DataFrame]], *, source: str = "api"
+    ) -> int:
+        """Upsert the points of several metrics, (metric, points) pairs as `append` takes
+        them, in one transaction: a reader sees all of them or none, and a batch refused
+        (bad input, a unit conflict) writes nothing of the others. Returns rows written."""
+        validated = [_validate(points, metric, source, {}) for metric, points in batches]
+        with self._writable().transaction() as conn:
+            for batch in validated:
+                _write(conn, batch, self.path)
+        return sum(len(b.ts) for b in validated)
+
     def import_traces(self, traces: Sequence[DemandTrace], *, source: str = "trace") -> int:
         """Write every column of every trace (see TRACE_METRICS) in one transaction; series
         are labelled with the trace kind, unit and file. Returns the points written."""
