@@ -357,3 +357,32 @@ def test_prometheus_outage_is_a_gap_and_the_collector_resumes(
     assert outcome["promoted"] and outcome["stored_as"] == "gpuscale:1"
     # Three GPUs, 20 steps each, less the steps inside the gap that were never observed.
     assert 0 < outcome["candidate"]["steps"]["1"] <= 3 * 20
+
+
+def test_a_scalar_answer_is_a_failed_sample_naming_the_series(
+    tmp_path: Path, exporter: GpuExporter
+) -> None:
+    prometheus = prometheus_for(tmp_path, exporter)
+    exporter.publish(history_states(0, 0, seed=3)[0].values())
+    prometheus.start()
+    series = [
+        {"metric": "util", "query": "max(DCGM_FI_DEV_GPU_UTIL)", "unique_id": "cluster"},
+        # scalar() answers [stamp, value], no series: it read as a list of results.
+        {"metric": "gpus", "query": "scalar(count(DCGM_FI_DEV_GPU_UTIL))", "unique_id": "all"},
+    ]
+    try:
+        prometheus.wait_for("DCGM_FI_DEV_GPU_UTIL", bool)
+        config = write_config(tmp_path / "collect.yaml", prometheus.url, series=series)
+        state_dir = tmp_path / "state"
+        args = ["collect", "--once", "--json", "--config", str(config), "--state-dir"]
+        result = CliRunner().invoke(app, [*args, str(state_dir)])
+    finally:
+        prometheus.stop()
+    assert result.exit_code == 1, result.output
+    assert isinstance(result.exception, SystemExit)  # no traceback
+    [sample] = json.loads(result.output)["samples"]
+    assert sample["error"].startswith("series 'gpus': the query answered [")
+    assert "not a list of series" in sample["error"]
+    store = TelemetryStore(state_dir)
+    assert list(store.gaps("prometheus")["reason"]) == [sample["error"]]
+    assert store.query("util", start=pd.Timestamp(sample["at"])).empty  # the sample whole or not

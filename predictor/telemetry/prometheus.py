@@ -37,15 +37,46 @@ def _template_fields(template: str) -> list[str]:
     return [field for _, field, _, _ in string.Formatter().parse(template) if field]
 
 
+def _series_of(series: PromSeries, results: Any) -> list[dict[str, Any]]:
+    """The answer as a list of series; a scalar or string result (`scalar(...)`, `time()`)
+    is [stamp, value], which has no series to store."""
+    if isinstance(results, list) and all(isinstance(r, dict) for r in results):
+        return results
+    raise SourceError(
+        f"series {series.metric!r}: the query answered {_short(results)}, not a list of"
+        " series: it must return an instant vector (a range matrix for history), not a"
+        " scalar or a string"
+    )
+
+
+def _samples(series: PromSeries, result: dict[str, Any]) -> list[tuple[float, float]]:
+    """(stamp, value) pairs of one result, which must be [stamp, "number"] pairs."""
+    samples = [result["value"]] if "value" in result else result.get("values", [])
+    try:
+        return [(float(stamp), float(text)) for stamp, text in samples]
+    except (TypeError, ValueError):
+        raise SourceError(
+            f"series {series.metric!r}: a result's samples are not [stamp, number] pairs:"
+            f" {_short(samples)}"
+        ) from None
+
+
+def _short(answer: Any) -> str:
+    text = repr(answer)
+    return text if len(text) <= 80 else text[:77] + "..."
+
+
 def result_points(
     series: PromSeries, results: Sequence[dict[str, Any]], at: pd.Timestamp | None
 ) -> MetricBatch:
     """Prometheus API results -> a batch. Instant results (`value`) are stamped `at`;
-    range results (`values`) keep their own timestamps (whole milliseconds)."""
+    range results (`values`) keep their own timestamps (whole milliseconds). An answer of
+    another shape is a SourceError naming the series."""
     fields = _template_fields(series.unique_id)
     rows: list[dict[str, Any]] = []
-    for result in results:
-        labels = result.get("metric", {})
+    for result in _series_of(series, results):
+        labels = result.get("metric")
+        labels = labels if isinstance(labels, dict) else {}
         missing = [f for f in fields if f not in labels]
         if missing:
             raise SourceError(
@@ -54,12 +85,10 @@ def result_points(
             )
         uid = series.unique_id.format_map(labels)
         kept = {name: labels.get(name, "") for name in series.labels}
-        samples = [result["value"]] if "value" in result else result.get("values", [])
-        for stamp, text in samples:
-            value = float(text)
+        for stamp, value in _samples(series, result):
             if not np.isfinite(value):
                 continue
-            ds = at if at is not None else pd.Timestamp(round(float(stamp) * 1000), unit="ms")
+            ds = at if at is not None else pd.Timestamp(round(stamp * 1000), unit="ms")
             rows.append({"unique_id": uid, "ds": ds, "y": value, **kept})
     columns = ["unique_id", "ds", "y", *series.labels]
     points = pd.DataFrame(rows, columns=columns)
