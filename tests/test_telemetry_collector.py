@@ -282,6 +282,31 @@ def test_config_errors_name_the_field_and_line(tmp_path: Path) -> None:
         load_config(path)
 
 
+@pytest.mark.parametrize(
+    ("text", "column", "reason"),
+    [
+        # Each ran: a URL without a host or with no port failed every sample as an
+        # outage; an interval or backfill past pandas' timedeltas was a traceback at start.
+        ('prometheus:\n  url: "http://"\n', "prometheus.url", "names no host"),
+        ("prometheus:\n  url: http://prometheus:90x0\n", "prometheus.url", "no valid port"),
+        ("interval_s: 100000000000\nnvml: {}\n", "interval_s", "less than or equal"),
+        (
+            "prometheus:\n  url: http://prometheus:9090\n  backfill_s: 100000000000\n",
+            "prometheus.backfill_s",
+            "less than or equal",
+        ),
+    ],
+)
+def test_config_values_that_could_never_run_are_refused(
+    tmp_path: Path, text: str, column: str, reason: str
+) -> None:
+    path = tmp_path / "collect.yaml"
+    path.write_text(text)
+    with pytest.raises(InputError, match=reason) as err:
+        load_config(path)
+    assert err.value.column == column and err.value.path == str(path)
+
+
 def test_environment_overrides_the_file(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     path = tmp_path / "collect.yaml"
     path.write_text("interval_s: 15\nprometheus:\n  url: http://prometheus:9090\n")

@@ -11,6 +11,7 @@ from __future__ import annotations
 import re
 import socket
 from pathlib import Path
+from urllib.parse import urlsplit
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
@@ -26,6 +27,11 @@ _GPU_LABELS = "Hostname, gpu, UUID, modelName"
 # Where the scaler's placeholder pods live: they hold headroom, they are not demand, and
 # counting them would make the scaler chase its own pre-positioned capacity.
 PLACEHOLDER_NAMESPACE = "gpuscale-system"
+
+# Bounds that keep the grid's arithmetic within pandas' timestamps (a backfill_s of 1e11
+# was an OutOfBoundsTimedelta traceback at start) and the backfill within reason.
+MAX_INTERVAL_S = 24 * 3600
+MAX_BACKFILL_S = 366 * 24 * 3600
 
 
 def pod_gpu_requests(phases: str, exclude_namespace: str = PLACEHOLDER_NAMESPACE) -> str:
@@ -83,7 +89,10 @@ class PrometheusSettings(_Section):
     url: str = Field(pattern=r"^https?://", description="base URL of the Prometheus HTTP API")
     timeout_s: float = Field(default=10.0, gt=0)
     backfill_s: int = Field(
-        default=6 * 3600, ge=0, description="history fetched on start when the store has none"
+        default=6 * 3600,
+        ge=0,
+        le=MAX_BACKFILL_S,
+        description="history fetched on start when the store has none (at most a year)",
     )
     chunk_steps: int = Field(
         default=1000, ge=1, le=11_000, description="grid points per range query (API max 11000)"
@@ -92,7 +101,16 @@ class PrometheusSettings(_Section):
 
     @field_validator("url")
     @classmethod
-    def _strip_slash(cls, url: str) -> str:
+    def _host_and_port(cls, url: str) -> str:
+        # "http://" or "http://prometheus:90x0" passed the scheme pattern and failed every
+        # sample, forever, as an outage.
+        parts = urlsplit(url)
+        try:
+            parts.port  # noqa: B018 - reading it is the check
+        except ValueError:
+            raise ValueError(f"{url!r} has no valid port") from None
+        if not parts.hostname:
+            raise ValueError(f"{url!r} names no host")
         return url.rstrip("/")
 
 
@@ -134,7 +152,10 @@ class CollectorConfig(FileSettings):
     """What `gpuscale collect` samples, how often, and how hard it retries."""
 
     interval_s: int = Field(
-        default=15, ge=1, description="seconds between samples; also the backfill grid"
+        default=15,
+        ge=1,
+        le=MAX_INTERVAL_S,
+        description="seconds between samples (at most a day); also the backfill grid",
     )
     prometheus: PrometheusSettings | None = None
     kubernetes: KubernetesSettings | None = None
