@@ -3,6 +3,7 @@ go on, backfill resumes where the store stops; and config validation."""
 
 from __future__ import annotations
 
+import socket
 import threading
 import time
 from pathlib import Path
@@ -10,6 +11,7 @@ from pathlib import Path
 import pandas as pd
 import pytest
 from prometheus_client import generate_latest
+from typer.testing import CliRunner
 
 from predictor.foundation.errors import InputError
 from predictor.telemetry.collector import Collector, CollectorMetrics
@@ -23,6 +25,7 @@ from predictor.telemetry.sources import (
     chunk_ranges,
 )
 from predictor.telemetry.store import TelemetryStore
+from scaler.cli import app
 
 T0 = pd.Timestamp("2026-01-01 00:00:00")
 STEP = pd.Timedelta("15s")
@@ -324,3 +327,32 @@ def test_environment_overrides_the_file(tmp_path: Path, monkeypatch: pytest.Monk
         "running",
         "pending",
     ]
+
+
+def test_collect_refuses_a_state_dir_or_metrics_port_it_cannot_use_before_any_sample(
+    tmp_path: Path,
+) -> None:
+    config = tmp_path / "collect.yaml"
+    config.write_text("nvml: {}\n")
+    a_file = tmp_path / "state"
+    a_file.write_text("")
+    args = ["collect", "--once", "--config", str(config), "--state-dir"]
+    result = CliRunner().invoke(app, [*args, str(a_file)])
+    assert result.exit_code == 2, result.output
+    said = " ".join(result.output.replace("│", " ").split())
+    assert "--state-dir: cannot keep the telemetry store in" in said
+    assert "a file, not a folder" in said
+
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        port = taken.getsockname()[1]
+        state_dir = tmp_path / "store"
+        result = CliRunner().invoke(
+            app,
+            [*args, str(state_dir), "--metrics-port", str(port), "--metrics-addr", "127.0.0.1"],
+        )
+    assert result.exit_code == 2, result.output
+    said = " ".join(result.output.replace("│", " ").split())
+    assert f"--metrics-port: cannot serve /metrics on 127.0.0.1:{port}" in said
+    assert TelemetryStore(state_dir).gaps().empty  # nothing sampled

@@ -124,6 +124,11 @@ class TelemetryStore:
                 )
         self._ready = True
 
+    def create(self) -> None:
+        """Make the store now, for a writer at its start: a state_dir that cannot hold it
+        (a file, a read-only folder) fails here (OSError, sqlite3.Error), before any work."""
+        self._writable()
+
     def _writable(self) -> SqliteFile:
         """The database, created on the first write: a store is never made by a reader."""
         if not self._ready:

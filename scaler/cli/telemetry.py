@@ -5,13 +5,19 @@ from __future__ import annotations
 import json
 import logging
 import signal
+import sqlite3
 import threading
+from collections.abc import Callable
 from pathlib import Path
-from typing import Annotated
+from typing import TYPE_CHECKING, Annotated
 
 import typer
 
 from predictor.foundation.errors import InputError
+
+if TYPE_CHECKING:
+    from predictor.telemetry.collector import CollectorMetrics
+    from predictor.telemetry.store import TelemetryStore
 
 STATE_DIR_HELP = "State directory holding the telemetry store (created if missing)."
 
@@ -39,7 +45,12 @@ def collect(
     ] = False,
     metrics_port: Annotated[
         int | None,
-        typer.Option("--metrics-port", help="Serve the collector's own /metrics on this port."),
+        typer.Option(
+            "--metrics-port",
+            min=1,
+            max=65535,
+            help="Serve the collector's own /metrics on this port.",
+        ),
     ] = None,
     metrics_addr: Annotated[
         str, typer.Option("--metrics-addr", help="Address the /metrics server binds.")
@@ -65,7 +76,6 @@ def collect(
 
     from predictor.telemetry.collector import Collector, CollectorMetrics, build_sources
     from predictor.telemetry.config import load_config
-    from predictor.telemetry.store import TelemetryStore
 
     logging.basicConfig(
         level=logging.INFO,
@@ -76,15 +86,17 @@ def collect(
     if not sources:
         raise InputError("names no source (prometheus, kubernetes or nvml)", path=config)
     metrics = CollectorMetrics()
-    stop_metrics = metrics.serve(metrics_port, metrics_addr) if metrics_port is not None else None
-    collector = Collector(
-        TelemetryStore(state_dir),
-        sources,
-        pd.Timedelta(seconds=settings.interval_s),
-        settings.retry.policy(),
-        metrics,
-    )
+    stop_metrics = None
     try:
+        store = _store(state_dir)
+        stop_metrics = _serve_metrics(metrics, metrics_port, metrics_addr)
+        collector = Collector(
+            store,
+            sources,
+            pd.Timedelta(seconds=settings.interval_s),
+            settings.retry.policy(),
+            metrics,
+        )
         window = pd.Timedelta(
             seconds=settings.prometheus.backfill_s if settings.prometheus is not None else 0
         )
@@ -124,6 +136,42 @@ def collect(
             source.close()
         if stop_metrics is not None:
             stop_metrics()
+
+
+def _store(state_dir: Path) -> TelemetryStore:
+    """The store, made before any source is asked: a state dir that cannot hold it failed
+    at the first write, a traceback in the backfill or, in a sampling thread, every
+    sample's points lost while the collector ran on."""
+    from predictor.telemetry.store import TelemetryStore
+
+    store = TelemetryStore(state_dir)
+    try:
+        store.create()
+    except (OSError, sqlite3.Error) as exc:
+        reason = "a file, not a folder" if isinstance(exc, FileExistsError) else _why(exc)
+        raise typer.BadParameter(
+            f"cannot keep the telemetry store in {state_dir}: {reason}", param_hint="--state-dir"
+        ) from None
+    return store
+
+
+def _serve_metrics(
+    metrics: CollectorMetrics, port: int | None, addr: str
+) -> Callable[[], None] | None:
+    """Start /metrics (None without a port); a port taken or an address that is not
+    this machine's is a bad option, before any sampling."""
+    if port is None:
+        return None
+    try:
+        return metrics.serve(port, addr)
+    except OSError as exc:
+        raise typer.BadParameter(
+            f"cannot serve /metrics on {addr}:{port}: {_why(exc)}", param_hint="--metrics-port"
+        ) from None
+
+
+def _why(exc: BaseException) -> str:
+    return exc.strerror if isinstance(exc, OSError) and exc.strerror else str(exc)
 
 
 def _report(backfilled: int, outcomes: list, as_json: bool) -> None:
