@@ -246,6 +246,18 @@ def test_bad_openb(tmp_path: Path) -> None:
     assert (caught.value.line, caught.value.column) == (3, "sn")
 
 
+def test_a_name_of_only_blanks_is_missing(tmp_path: Path) -> None:
+    series = ["series_id,timestamp,value\n", "a,2024-01-01,1\n", "  ,2024-01-02,1\n"]
+    nodes = ["sn,cpu_milli,memory_mib,gpu,model\n", "n0,1000,1024,2,T4\n", " ,1000,1024,2,T4\n"]
+    for load, lines, column in [
+        (lambda path: load_trace(f"series:{path}"), series, "series_id"),
+        (load_openb_nodes, nodes, "sn"),
+    ]:
+        with pytest.raises(InputError, match="missing value") as caught:
+            load(write(tmp_path / "names.csv", lines))
+        assert (caught.value.line, caught.value.column) == (3, column)
+
+
 def test_short_series_still_splits(tmp_path: Path) -> None:
     two = write(
         tmp_path / "two.csv", ["timestamp,value\n", "2024-01-01T00:00,1\n", "2024-01-01T00:05,2\n"]

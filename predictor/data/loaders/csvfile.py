@@ -41,12 +41,16 @@ class CsvTable:
         return InputError(message, path=self.path, line=self.line(row), column=column)
 
     def text(self, column: str, *, required: bool = True) -> pd.Series:
-        """A text column, stripped; a missing cell is an error unless `required` is False
-        (then it reads as the empty string)."""
-        cells = self.frame[column]
+        """A text column, stripped; a missing cell (empty, NaN or only blanks) is an error
+        unless `required` is False (then it reads as the empty string)."""
         if required:
             self._require_values(column)
-        return cells.fillna("").str.strip()
+        values = self.frame[column].fillna("").str.strip()
+        # Blanks around a name are read away, so a cell of only blanks names nothing.
+        blank = values == ""
+        if required and blank.any():
+            raise self.error("missing value (only blanks)", _first(blank), column)
+        return values
 
     def numbers(
         self,

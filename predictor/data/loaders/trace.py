@@ -194,9 +194,6 @@ def _series(file: Path) -> pd.DataFrame:
     ds = table.timestamps("timestamp")
     if "series_id" in table.frame.columns:
         ids = table.text("series_id")
-        empty = ids == ""
-        if empty.any():
-            raise table.error("missing value (empty)", int(empty.to_numpy().argmax()), "series_id")
         table.check_increasing(ds, ids, "timestamp")
     else:
         ids = pd.Series(_stem(file), index=ds.index)
