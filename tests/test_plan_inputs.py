@@ -3,6 +3,7 @@ option) before it plans, and reads quantile columns by their level's value."""
 
 from __future__ import annotations
 
+import gzip
 import json
 from pathlib import Path
 
@@ -35,21 +36,38 @@ def plan(tmp_path: Path, forecast: str, *options: str) -> tuple[int, str]:
 @pytest.mark.parametrize(
     ("forecast", "where"),
     [
-        ("", "f.csv: the forecast file is empty"),
-        ("unique_id,horizon,q0.5,q0.99\n", "f.csv: the forecast has no rows"),
-        ("unique_id,horizon,q0.5,q0.99\na100,abc,1,2\n", "f.csv:2, column 'horizon'"),
-        ("unique_id,horizon,q0.5,q0.99\na100,1,1,2\na100,,1,2\n", "f.csv:3, column 'horizon'"),
-        ("unique_id,horizon,q0.5,q0.99\na100,1.5,1,2\n", "f.csv:2, column 'horizon'"),
-        ("unique_id,horizon,q0.5,q0.99\na100,1,1,x\n", "f.csv:2, column 'q0.99'"),
-        ("unique_id,horizon,q0.5,q0.99\na100,1,1,inf\n", "f.csv:2, column 'q0.99'"),
-        ("unique_id,horizon,q0.5,q0.99\na100,1,nan,2\n", "f.csv:2, column 'q0.5'"),
-        ("unique_id,horizon,q0.5,q0.99\na100,1,1,-2\n", "f.csv:2, column 'q0.99'"),
-        ("unique_id,horizon,q0.5,qfoo\na100,1,1,2\n", "f.csv, column 'qfoo'"),
-        ("unique_id,horizon,quantity\na100,1,1\n", "f.csv, column 'quantity'"),
-        ("unique_id,horizon,q0.5,q1.5\na100,1,1,2\n", "f.csv, column 'q1.5'"),
-        ("unique_id,horizon,q0.5,q0.50\na100,1,1,2\n", "f.csv, column 'q0.50'"),
-        ("unique_id,horizon,q0.5,q0.9\na100,1,1,2\n", "f.csv: no q0.99 column"),
-        ("unique_id,q0.5,q0.99\na100,1,2\n", "f.csv, column 'horizon'"),
+        ("", "f.csv:1: empty file"),
+        ("unique_id,horizon,q0.5,q0.99\n", "f.csv:2: no data rows"),
+        ("unique_id,horizon,q0.5,q0.99\na100,abc,1,2\n", "f.csv:2, column 'horizon': not a number"),
+        (
+            "unique_id,horizon,q0.5,q0.99\na100,1,1,2\na100,,1,2\n",
+            "f.csv:3, column 'horizon': missing value",
+        ),
+        (
+            "unique_id,horizon,q0.5,q0.99\na100,1.5,1,2\n",
+            "f.csv:2, column 'horizon': not a whole number",
+        ),
+        (
+            "unique_id,horizon,q0.5,q0.99\na100,0,1,2\n",
+            "f.csv:2, column 'horizon': value '0' is below",
+        ),
+        ("unique_id,horizon,q0.5,q0.99\n ,1,1,2\n", "f.csv:2, column 'unique_id': missing value"),
+        ("unique_id,horizon,q0.5,q0.99\na100,1,1,x\n", "f.csv:2, column 'q0.99': not a number"),
+        (
+            "unique_id,horizon,q0.5,q0.99\na100,1,1,inf\n",
+            "f.csv:2, column 'q0.99': not a finite number",
+        ),
+        ("unique_id,horizon,q0.5,q0.99\na100,1,nan,2\n", "f.csv:2, column 'q0.5': missing value"),
+        (
+            "unique_id,horizon,q0.5,q0.99\na100,1,1,-2\n",
+            "f.csv:2, column 'q0.99': value '-2' is below",
+        ),
+        ("unique_id,horizon,q0.5,qfoo\na100,1,1,2\n", "f.csv:1, column 'qfoo': not a q<level>"),
+        ("unique_id,horizon,quantity\na100,1,1\n", "f.csv:1, column 'quantity': not a q<level>"),
+        ("unique_id,horizon,q0.5,q1.5\na100,1,1,2\n", "f.csv:1, column 'q1.5': not a q<level>"),
+        ("unique_id,horizon,q0.5,q0.50\na100,1,1,2\n", "f.csv:1, column 'q0.50': a second column"),
+        ("unique_id,horizon,q0.5,q0.9\na100,1,1,2\n", "f.csv:1: no q0.99 column"),
+        ("unique_id,q0.5,q0.99\na100,1,2\n", "f.csv:1, column 'horizon': missing column"),
     ],
 )
 def test_a_bad_forecast_file_is_refused_at_its_line_and_column(
@@ -103,3 +121,16 @@ def test_good_options_plan(tmp_path: Path) -> None:
     document = json.loads(output)
     assert document["at"].startswith("2024-01-01T10:00")
     assert {d["pool"]: d["current"] for d in document["decisions"]} == {"a100": 3, "t4": 0}
+
+
+def test_a_forecast_is_read_like_every_csv_input(tmp_path: Path) -> None:
+    """Other columns (`ds`) are left alone and a gzip file reads as its text."""
+    at = ("--at", "2024-01-01T10:00")
+    expected = json.loads(plan(tmp_path, GOOD, *at)[1])
+    with_ds = "ds," + GOOD.replace("\na", "\n2024-01-01,a")
+    assert json.loads(plan(tmp_path, with_ds, *at)[1]) == expected
+    (tmp_path / "f.csv.gz").write_bytes(gzip.compress(GOOD.encode()))
+    args = ["--pools", str(tmp_path / "pools.yaml"), "--forecast", str(tmp_path / "f.csv.gz")]
+    result = CliRunner().invoke(app, ["plan", *args, "--observed", "a100=10", *at, "--json"])
+    assert result.exit_code == 0, result.output
+    assert json.loads(result.output) == expected

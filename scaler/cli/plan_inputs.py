@@ -12,7 +12,7 @@ from pathlib import Path
 import pandas as pd
 import typer
 
-from predictor.foundation.errors import InputError
+from predictor.data.loaders.csvfile import CsvTable, read_table
 from predictor.models.forecast import quantile_column
 from scaler.cluster.pools import NodePool
 from scaler.planning.planner import PoolCapacity
@@ -27,41 +27,26 @@ def read_forecast(path: Path, needed: Sequence[float]) -> pd.DataFrame:
     """The forecast file as `unique_id`, int `horizon` and one `quantile_column(level)` per
     q<level> column (q0.50 is q0.5: levels are matched by value), each value a finite
     number of GPUs >= 0; `needed` are the levels the policy reads."""
-    frame = _read_text(path)
-    for column in KEYS:
-        if column not in frame.columns:
-            raise InputError("missing column", path=path, column=column)
-    levels = _levels(frame.columns, path)
+    table = read_table(path, KEYS, matching=QUANTILE, text=["unique_id"])
+    levels = _levels(table)
     for level in needed:
         if level not in levels.values():
-            raise InputError(f"no q{level:g} column: the policy plans on that quantile", path=path)
-    out = pd.DataFrame(index=frame.index)
-    out["unique_id"] = _ids(frame["unique_id"], path)
-    out["horizon"] = _horizons(frame["horizon"], path)
+            raise table.header_error(f"no q{level:g} column: the policy plans on that quantile")
+    out = pd.DataFrame(
+        {
+            "unique_id": table.text("unique_id"),
+            "horizon": table.numbers("horizon", integer=True, minimum=1).astype(int),
+        }
+    )
     for column, level in levels.items():
-        out[quantile_column(level)] = _gpus(frame[column], path, column)
-    return out.reset_index(drop=True)
+        out[quantile_column(level)] = table.numbers(column)
+    return out
 
 
-def _read_text(path: Path) -> pd.DataFrame:
-    """Every cell as text, blank rows dropped; the index is the row's line in the file."""
-    try:
-        frame = pd.read_csv(path, dtype=str, keep_default_na=False, skip_blank_lines=False)
-    except pd.errors.EmptyDataError:
-        raise InputError("the forecast file is empty", path=path) from None
-    except (OSError, pd.errors.ParserError, UnicodeDecodeError) as exc:
-        raise InputError(f"cannot read the forecast: {exc}", path=path) from None
-    frame.index = frame.index + 2  # line 1 is the header
-    frame = frame[~(frame == "").all(axis=1)]
-    if frame.empty:
-        raise InputError("the forecast has no rows", path=path)
-    return frame
-
-
-def _levels(columns: Sequence[str], path: Path) -> dict[str, float]:
+def _levels(table: CsvTable) -> dict[str, float]:
     """Column -> quantile level, for every column named q<something>."""
     levels: dict[str, float] = {}
-    for column in columns:
+    for column in table.frame.columns:
         match = QUANTILE.fullmatch(column)
         if match is None:
             continue
@@ -70,52 +55,13 @@ def _levels(columns: Sequence[str], path: Path) -> dict[str, float]:
         except ValueError:
             level = math.nan
         if not 0 < level < 1:
-            raise InputError("not a q<level> column with 0 < level < 1", path=path, column=column)
+            raise table.header_error("not a q<level> column with 0 < level < 1", column)
         if level in levels.values():
-            raise InputError(f"a second column for quantile {level:g}", path=path, column=column)
+            raise table.header_error(f"a second column for quantile {level:g}", column)
         levels[column] = level
     if not levels:
-        raise InputError("the forecast has no q<level> columns", path=path)
+        raise table.header_error("the forecast has no q<level> columns")
     return levels
-
-
-def _ids(values: pd.Series, path: Path) -> pd.Series:
-    blank = values.str.strip() == ""
-    if blank.any():
-        raise InputError(
-            "blank demand group", path=path, line=int(blank.idxmax()), column="unique_id"
-        )
-    return values
-
-
-def _horizons(values: pd.Series, path: Path) -> pd.Series:
-    whole = values.str.fullmatch(WHOLE)
-    steps = pd.to_numeric(values.where(whole), errors="coerce")
-    bad = steps.isna() | (steps < 1)
-    if bad.any():
-        line = int(bad.idxmax())
-        raise InputError(
-            f"{values[line]!r} is not a whole number of steps >= 1",
-            path=path,
-            line=line,
-            column="horizon",
-        )
-    return steps.astype(int)
-
-
-def _gpus(values: pd.Series, path: Path, column: str) -> pd.Series:
-    numbers = pd.to_numeric(values, errors="coerce")
-    # NaN (blank, `nan`, words), inf and negative demand cannot be planned on
-    bad = ~(numbers.abs() < math.inf) | (numbers < 0)
-    if bad.any():
-        line = int(bad.idxmax())
-        raise InputError(
-            f"{values[line]!r} is not a finite number of GPUs >= 0",
-            path=path,
-            line=line,
-            column=column,
-        )
-    return numbers.astype(float)
 
 
 def pairs(items: Sequence[str], option: str) -> dict[str, str]:

@@ -40,6 +40,10 @@ class CsvTable:
     def error(self, message: str, row: int, column: str | None = None) -> InputError:
         return InputError(message, path=self.path, line=self.line(row), column=column)
 
+    def header_error(self, message: str, column: str | None = None) -> InputError:
+        """An error in what the header names (a column's name, one it lacks): line 1."""
+        return InputError(message, path=self.path, line=1, column=column)
+
     def text(self, column: str, *, required: bool = True) -> pd.Series:
         """A text column, stripped; a missing cell (empty, NaN or only blanks) is an error
         unless `required` is False (then it reads as the empty string)."""
@@ -144,10 +148,13 @@ def read_table(
     required: Sequence[str],
     optional: Sequence[str] = (),
     *,
+    matching: re.Pattern[str] | None = None,
     text: Sequence[str] = (),
 ) -> CsvTable:
-    """Read the `required` and present `optional` columns of a CSV or gzip CSV; the `text`
-    columns (names, timestamps) stay text, the others are parsed as numbers where they can.
+    """Read the `required` and present `optional` columns of a CSV or gzip CSV, and those
+    whose whole name is `matching` (a family named by a pattern, such as q<level>); the
+    `text` columns (names, timestamps) stay text, the others are parsed as numbers where
+    they can.
 
     Gzip is recognised by its magic bytes, whatever the name; a `.gz` name on a file that is
     not gzip is an error (it is almost always a truncated or mislabelled download).
@@ -164,7 +171,7 @@ def read_table(
             column=missing[0],
         )
     wanted = set(required) | set(optional)
-    columns = [c for c in header if c in wanted]
+    columns = [c for c in header if c in wanted or (matching and matching.fullmatch(c))]
     try:
         frame = pd.read_csv(
             file,
