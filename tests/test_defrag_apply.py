@@ -120,6 +120,14 @@ def run_defrag(tmp_path: Path, fake: FakeKube, *args: str, **defrag: Any) -> dic
     return json.loads(result.output.strip().splitlines()[-1])
 
 
+def printed_defrag(tmp_path: Path, fake: FakeKube) -> str:
+    """A dry run's output as people read it (wide enough for whole rows)."""
+    path = write_config(tmp_path / "live.yaml", config_dict(tmp_path, fake))
+    result = CliRunner().invoke(app, ["defrag", "--config", str(path)], env={"COLUMNS": "250"})
+    assert result.exit_code == 0, result.output
+    return result.output
+
+
 def evictions(fake: FakeKube, dry: bool = False) -> list[str]:
     """Pods whose eviction was asked (real ones, or dry runs)."""
     out = []
@@ -205,16 +213,28 @@ def fragmented(fake: FakeKube) -> None:
 
 
 def test_dry_run_plans_with_reasons_and_changes_nothing(tmp_path: Path, fake: FakeKube) -> None:
+    """Every planned eviction is asked as the API server's dry run, nothing else is written:
+    e's budget refuses it, so the dry run says it would be refused and plans around it, as
+    --apply would."""
     fragmented(fake)
     before = {kind: fake.objects(kind) for kind in ("nodes", "pods")}
     out = run_defrag(tmp_path, fake)
     plan = out["plan"]
-    assert out["applied"] is False and out["results"] == []
+    assert out["applied"] is False
     assert {kind: fake.objects(kind) for kind in ("nodes", "pods")} == before
-    assert evictions(fake) == [] and evictions(fake, dry=True) == []
-    assert not [m for m, _ in fake.requests if m in ("POST", "PATCH", "PUT", "DELETE")]
+    assert evictions(fake) == []
+    written = [(m, path) for m, path in fake.requests if m in ("POST", "PATCH", "PUT", "DELETE")]
+    assert written and all(m == "POST" and "/eviction?dryRun=All" in path for m, path in written)
     moved = {m["job"] for m in plan["moves"]}
-    assert moved and moved <= {f"{NS}/a", f"{NS}/b", f"{NS}/c", f"{NS}/e"}
+    assert moved and moved <= {f"{NS}/a", f"{NS}/b", f"{NS}/c"}
+    asked = {f"{NS}/{name}" for name in evictions(fake, dry=True)}
+    assert moved | {f"{NS}/e"} <= asked <= {f"{NS}/a", f"{NS}/b", f"{NS}/c", f"{NS}/e"}
+    (refused,) = out["results"]
+    assert (refused["job"], refused["status"], refused["from"]) == (f"{NS}/e", "blocked", "n4")
+    assert refused["result"].startswith(
+        "would be refused: HTTP 429: Cannot evict pod as it would violate the pod's disruption"
+    )
+    assert refused["result"].endswith("(PodDisruptionBudget e-budget)")
     assert all(m["reason"] and m["unit"] for m in plan["moves"])
     assert plan["freed_nodes"] and plan["idle_gpus"]["after"] == plan["idle_gpus"]["before"]
     assert plan["idle_nodes"] == {"before": 0, "after": len(plan["freed_nodes"])}
@@ -222,25 +242,46 @@ def test_dry_run_plans_with_reasons_and_changes_nothing(tmp_path: Path, fake: Fa
     assert plan["unmovable"] == {
         "not labelled gpuscale.io/movable=true nor of an allowed priority class": 1,
         "no controller would recreate it": 1,
+        "its eviction was refused (a PodDisruptionBudget)": 1,
     }
     big = next(s for s in plan["shapes"] if s["label"].startswith(f"pending {NS}/big"))
     assert big["nodes_before"] == 0 and big["nodes_after"] >= 1
-    # The dry run used nothing of the window.
-    assert DecisionJournal(tmp_path / "state").load("defrag_window", []) == []
+    # The dry run used nothing of the window and journaled no move.
+    journal = DecisionJournal(tmp_path / "state")
+    assert journal.load("defrag_window", []) == []
+    assert [a for a in journal.actions() if a.kind == "defrag_move"] == []
 
 
 def test_the_printed_plan_names_each_move_and_what_it_frees(tmp_path: Path, fake: FakeKube) -> None:
     fragmented(fake)
-    path = write_config(tmp_path / "live.yaml", config_dict(tmp_path, fake))
-    result = CliRunner().invoke(app, ["defrag", "--config", str(path)], env={"COLUMNS": "250"})
-    assert result.exit_code == 0, result.output
-    out = result.output
+    out = printed_defrag(tmp_path, fake)
     assert "defragmentation plan (goal nodes, bestfit policy, dry run)" in out
-    moved = [pod for pod in "abce" if f"{NS}/{pod} " in out]
+    moved = [pod for pod in "abc" if f"{NS}/{pod} " in out]
     assert moved and "what it frees, per node" in out
     assert f"pending {NS}/big" in out and "(now placeable)" in out
     assert "left in place: 1 pod(s): no controller would recreate it" in out
     assert "moves made" not in out  # a dry run makes none
+    assert "moves that would not be made" in out and "would be refused: HTTP 429" in out
+
+
+def test_a_dry_run_counts_no_move_of_a_unit_a_refusal_stops(
+    tmp_path: Path, fake: FakeKube, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Where the plans made again run out (here at once), the plan keeps the unit of a
+    move the dry-run eviction refused: none of its moves is one the dry run would make."""
+    monkeypatch.setattr("scaler.controller.defrag.REPLANS", 0)
+    fragmented(fake)
+    out = run_defrag(tmp_path, fake)
+    steps = {m["job"]: m for m in out["plan"]["moves"]}
+    results = {r["job"]: r for r in out["results"]}
+    assert f"{NS}/e" in steps  # n4 is the cheapest node to empty
+    assert results[f"{NS}/e"]["status"] == "blocked"
+    assert results[f"{NS}/e"]["result"].startswith("would be refused: HTTP 429")
+    unit = steps[f"{NS}/e"]["unit"]
+    assert set(results) == {job for job, m in steps.items() if m["unit"] == unit}
+    assert evictions(fake) == []
+    printed = printed_defrag(tmp_path, fake)
+    assert f"dry run): {len(steps) - len(results)} moves;" in printed
 
 
 def test_apply_skips_what_a_budget_blocks_and_frees_what_the_plan_said(

@@ -77,13 +77,15 @@ def defrag(
     and layout from and to, the reason and the pods it serves; repartitions and moves
     share the --max-moves budget.
 
-    Dry run by default: nothing in the cluster changes. With --apply, a node or GPU one of
-    whose moves a PodDisruptionBudget refuses is skipped with the reason; the other moves
-    are noted on their target nodes, so the extender steers each evicted pod's successor
-    there, and evicted through the Eviction API. A repartition sets the node's
-    nvidia.com/mig.config label once its pods, listed again, leave the GPUs idle, and the
-    pass waits up to defrag.mig.wait_s for nvidia.com/mig.config.state. Moves and
-    repartitions are journaled in decisions.sqlite.
+    Dry run by default: nothing in the cluster changes. Each planned eviction is asked as
+    the API server's dry run (dryRun=All), so a node or GPU one of whose moves a
+    PodDisruptionBudget refuses is skipped with the reason, and planned around, in a dry
+    run as with --apply ('would be refused: ...'). With --apply, the other moves are noted
+    on their target nodes, so the extender steers each evicted pod's successor there, and
+    evicted through the Eviction API. A repartition sets the node's nvidia.com/mig.config
+    label once its pods, listed again, leave the GPUs idle, and the pass waits up to
+    defrag.mig.wait_s for nvidia.com/mig.config.state. Moves and repartitions are
+    journaled in decisions.sqlite.
 
     Exits 0 when the pass ran (moves a budget blocked included), 1 when the cluster could
     not be read, an eviction failed or the MIG manager failed a repartition.
@@ -150,7 +152,8 @@ def _report(outcome: DefragOutcome, as_json: bool) -> None:
         console.print(f"settled from an earlier run: {what} {entry['status']}: {entry['result']}")
     if outcome.results:
         rows = [(r.step.job, r.status, r.result) for r in outcome.results]
-        console.print(_table("moves made", ("pod", "status", "result"), rows))
+        title = "moves made" if outcome.applied else "moves that would not be made"
+        console.print(_table(title, ("pod", "status", "result"), rows))
     if outcome.repartitions:
         rows = [(c.step.node, c.step.config, c.status, c.result) for c in outcome.repartitions]
         console.print(_table("repartitions asked", ("node", "config", "status", "result"), rows))
@@ -173,15 +176,18 @@ def _print_plan(console: Console, outcome: DefragOutcome) -> None:
     """The planned moves and repartitions, what they free, and what the window allows."""
     report = outcome.report
     mode = "applied" if outcome.applied else "dry run"
+    # A dry run lists the moves a refusal stops apart (its results): they would not be made.
+    stopped = set() if outcome.applied else {r.step for r in outcome.results}
+    steps = [s for s in report.steps if s not in stopped]
     title = (
         f"defragmentation plan (goal {report.goal}, {report.policy} policy, {mode}):"
-        f" {len(report.steps)} moves; {report.made_in_window} of {report.max_moves} made in"
+        f" {len(steps)} moves; {report.made_in_window} of {report.max_moves} made in"
         f" the last {report.window_s:g} s"
     )
     moves = [
         (str(i), s.job, s.controller, s.source, s.target,
          ",".join(map(str, s.target_gpus)) or "-", s.frees, s.reason)
-        for i, s in enumerate(report.steps, start=1)
+        for i, s in enumerate(steps, start=1)
     ]  # fmt: skip
     columns = ("#", "pod", "controller", "from", "to", "GPUs", "frees", "reason")
     console.print(_table(title, columns, moves))

@@ -12,21 +12,23 @@ One pass (`Defragmenter.run`):
 4. `plan_report` plans the moves, and with the budget they leave the repartitions
    (`scaler.controller.defrag_plan`, `scaler.controller.repartition_plan`), and says what
    they free.
-5. With `apply`, every eviction is first asked as a dry run (`dryRun=All`: the API
-   server checks the PodDisruptionBudgets and changes nothing). A unit (the node or GPU a
-   group of moves empties) with a move a budget refuses is not started, since moving the
-   rest would disrupt pods without freeing anything: the refused move is reported blocked
-   with the API server's reason and its budget, and the plan is made again with that pod
-   left in place (up to `REPLANS` times), so the move budget goes to units that can go.
-   The moves of the units that go are noted on their target nodes (`scaler.kube.moves`),
-   the pass waits one `placement.sync_s` so the service has listed them, then evicts in
-   plan order. Each pod is read again just before its eviction: one that has left its node,
-   finished, become unmovable (safe-to-evict "false") or been replaced under its name is
-   not evicted, which ends its unit; the eviction names the uid read, so it never takes
-   another pod of that name. Each eviction is journaled pending and counted in the window
-   before it is asked, so a run killed in between never exceeds the window. An eviction
-   refused after all (a budget that changed since the dry run) ends its unit there; the
-   moves not carried out are taken off their target nodes.
+5. Every eviction is first asked as a dry run (`dryRun=All`: the API server checks the
+   PodDisruptionBudgets and changes nothing), in a pass without `apply` too, so that it
+   shows what `apply` would do. A unit (the node or GPU a group of moves empties) with a
+   move a budget refuses is not started, since moving the rest would disrupt pods without
+   freeing anything: the refused move is reported blocked with the API server's reason
+   and its budget (without `apply`: it "would be refused"), and the plan is made again
+   with that pod left in place (up to `REPLANS` times), so the move budget goes to units
+   that can go. With `apply`, the moves of the units that go are noted on their target
+   nodes (`scaler.kube.moves`), the pass waits one `placement.sync_s` so the service has
+   listed them, then evicts in plan order. Each pod is read again just before its
+   eviction: one that has left its node, finished, become unmovable (safe-to-evict
+   "false") or been replaced under its name is not evicted, which ends its unit; the
+   eviction names the uid read, so it never takes another pod of that name. Each eviction
+   is journaled pending and counted in the window before it is asked, so a run killed in
+   between never exceeds the window. An eviction refused after all (a budget that changed
+   since the dry run) ends its unit there; the moves not carried out are taken off their
+   target nodes.
 6. With `apply`, the repartitions are asked and awaited (`scaler.controller.repartitions`).
 
 The evicted pods' successors are steered by the extender (`scaler.service.steering`).
@@ -81,7 +83,7 @@ class DefragOutcome:
     report: DefragReport
     applied: bool
     decision_id: int
-    results: list[MoveResult] = field(default_factory=list)
+    results: list[MoveResult] = field(default_factory=list)  # a dry run: the moves not to be made
     repartitions: list[RepartitionResult] = field(default_factory=list)
     settled: list[dict[str, Any]] = field(default_factory=list)  # from a killed run
     errors: list[str] = field(default_factory=list)
@@ -142,7 +144,7 @@ class Defragmenter:
         observed = self.observe(self.api, self.names)
         mig_nodes = self.repartitioner.mig_nodes(observed, settings.mig)
         made = self.window.made(self.clock(), settings.window_s)
-        report, refused, refused_earlier = self._plan(observed, settings, made, mig_nodes, apply)
+        report, refused, refused_earlier = self._plan(observed, settings, made, mig_nodes)
         inputs = {
             "goal": settings.goal,
             "nodes": len(observed.nodes),
@@ -153,6 +155,7 @@ class Defragmenter:
         decision_id = self.journal.record(self.identity, apply, inputs, report.to_dict())
         outcome = DefragOutcome(report, apply, decision_id, settled=settled)
         if not apply:
+            outcome.results = _foreseen(report, refused, refused_earlier)
             self.journal.finish(decision_id, {"dry_run": True})
             return outcome
         try:
@@ -176,12 +179,11 @@ class Defragmenter:
         settings: DefragSection,
         made: int,
         mig_nodes: Mapping[str, MigManagedNode],
-        apply: bool,
     ) -> tuple[DefragReport, dict[int, str], list[tuple[PlannedStep, str]]]:
-        """The plan to carry out. With `apply`, its evictions are asked as a dry run first
-        and the plan made again (up to `REPLANS` times) without the pods refused; returned
-        with it, the refusals among its own moves (step index -> why: where the replans ran
-        out) and the steps earlier plans had refused, with why."""
+        """The plan to carry out: its evictions are asked as a dry run and the plan made
+        again (up to `REPLANS` times) without the pods refused; returned with it, the
+        refusals among its own moves (step index -> why: where the replans ran out) and the
+        steps earlier plans had refused, with why."""
         refused: dict[str, tuple[PlannedStep, str]] = {}  # job -> its refused step, why
         for attempt in range(REPLANS + 1):
             report = plan_report(
@@ -195,7 +197,7 @@ class Defragmenter:
                 mig_nodes,
                 self.clock(),
             )
-            refusals = self._ask(report, observed) if apply else {}
+            refusals = self._ask(report, observed)
             if not refusals or attempt == REPLANS:
                 break
             # Plan again without them: the move budget goes to units that can go.
@@ -226,13 +228,8 @@ class Defragmenter:
     ) -> None:
         """Carry out the plan's units that no dry run refused (`refused`: step -> why); a
         unit one of whose moves would be refused is not started."""
-        going: list[list[int]] = []
-        for group in units(report.plan.moves):
-            refusal = next((i for i in group if i in refused), None)
-            if refusal is None:
-                going.append(group)
-            else:
-                outcome.results.extend(_not_started(report.steps, group, refusal, refused[refusal]))
+        going, stopped = _split_units(report, refused, applied=True)
+        outcome.results.extend(stopped)
         self._move(observed, report.steps, going, settings, outcome)
         outcome.errors.extend(r.result for r in outcome.results if r.status == "failed")
 
@@ -395,15 +392,48 @@ def _refusal_text(blocked: BlockingPod) -> str:
     )
 
 
-def _not_started(
-    steps: Sequence[PlannedStep], group: list[int], i: int, why: str
+def _foreseen(
+    report: DefragReport,
+    refused: Mapping[int, str],
+    refused_earlier: Iterable[tuple[PlannedStep, str]],
 ) -> list[MoveResult]:
-    """A unit not started because move `i` would be refused."""
+    """A dry run's moves that would not be made: those a dry-run eviction refused (the
+    earlier plans' and the plan's own) and the rest of the plan's units they stop."""
+    earlier = [
+        MoveResult(step, "blocked", f"would be refused: {why}") for step, why in refused_earlier
+    ]
+    return earlier + _split_units(report, refused, applied=False)[1]
+
+
+def _split_units(
+    report: DefragReport, refused: Mapping[int, str], applied: bool
+) -> tuple[list[list[int]], list[MoveResult]]:
+    """The plan's units that go (their step indices), and the results of those not started
+    because one of their moves would be refused (`refused`: step -> why)."""
+    going: list[list[int]] = []
+    stopped: list[MoveResult] = []
+    for group in units(report.plan.moves):
+        refusal = next((i for i in group if i in refused), None)
+        if refusal is None:
+            going.append(group)
+        else:
+            stopped.extend(_not_started(report.steps, group, refusal, refused[refusal], applied))
+    return going, stopped
+
+
+def _not_started(
+    steps: Sequence[PlannedStep], group: list[int], i: int, why: str, applied: bool
+) -> list[MoveResult]:
+    """A unit not started because move `i` would be refused; `applied` says whether the
+    pass meant to move (then its moves were not evicted) or was a dry run (they would not
+    be)."""
+    refused = "not evicted" if applied else "would be refused"
+    skipped = "not evicted" if applied else "would not be moved"
     results = []
     for j in group:
         if j == i:
-            results.append(MoveResult(steps[j], "blocked", f"not evicted: {why}"))
+            results.append(MoveResult(steps[j], "blocked", f"{refused}: {why}"))
         else:
-            skipped = f"not evicted: {steps[j].unit} would not be freed ({steps[i].job}: {why})"
-            results.append(MoveResult(steps[j], "skipped", skipped))
+            stops = f"{steps[j].unit} would not be freed ({steps[i].job}: {why})"
+            results.append(MoveResult(steps[j], "skipped", f"{skipped}: {stops}"))
     return results
