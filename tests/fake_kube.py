@@ -4,14 +4,14 @@ No API server can be installed on the build machines, so this serves the REST pa
 product uses, with the semantics the client relies on: lists carry a resourceVersion,
 `?watch=true` streams newline-separated JSON events over chunked HTTP from a given
 resourceVersion (410 Gone once it has been compacted), PUT checks optimistic concurrency,
-PATCH takes merge, strategic-merge (treated as merge) and JSON patches, pods have a
-`status`, `eviction` (with `?dryRun=All`) and `binding` subresources, and leases live in
-coordination.k8s.io/v1. Resources are declared in one table, so another kind is a line.
-Custom resources (CapacityBuffer, Karpenter's NodePool and NodeClaim, Kueue's Workload,
-ResourceFlavor, LocalQueue and ClusterQueue) are served at
-/apis/<group>/<version>/[namespaces/<ns>/]<plural> as a CRD's objects are, for
-CustomObjectsApi: defaults and validation rules of their CRDs (`admission`), a `status`
-subresource, and a generation counting changes of the spec.
+PATCH takes merge, strategic-merge (treated as merge) and JSON patches (a merge patch
+naming a resourceVersion is checked as a PUT is), pods have a `status`, `eviction` (with
+`?dryRun=All`) and `binding` subresources, and leases live in coordination.k8s.io/v1.
+Resources are declared in one table, so another kind is a line. Custom resources
+(CapacityBuffer, Karpenter's NodePool and NodeClaim, Kueue's Workload, ResourceFlavor,
+LocalQueue and ClusterQueue) are served at /apis/<group>/<version>/[namespaces/<ns>/]<plural>
+as a CRD's objects are, for CustomObjectsApi: defaults and validation rules of their CRDs
+(`admission`), a `status` subresource, and a generation counting changes of the spec.
 `on_write` hooks let a test play a controller that reacts to writes.
 Set `faults` (an `ApiFaults`) and requests over HTTP fail now and then: 500s, and answers
 held past the client's timeout.
@@ -242,6 +242,20 @@ def selector_matches(obj: Obj, label_selector: str, field_selector: str) -> bool
 
 
 _NOT_ASKED = ("apiVersion", "kind", "metadata", "status")
+
+
+def _check_version(plural: str, current: Obj, written: Obj) -> None:
+    """Optimistic concurrency: a write naming a resourceVersion other than the stored
+    object's is refused with 409 (one naming none is applied as it comes)."""
+    wanted = (written.get("metadata") or {}).get("resourceVersion")
+    if wanted and wanted != current["metadata"]["resourceVersion"]:
+        name = current["metadata"]["name"]
+        raise ApiError(
+            409,
+            "Conflict",
+            f'Operation cannot be fulfilled on {plural} "{name}": the object has '
+            "been modified; please apply your changes to the latest version",
+        )
 
 
 def _invalid(kind: str, obj: Obj, message: str) -> ApiError:
@@ -476,22 +490,20 @@ class FakeKube:
     def replace(self, plural: str, name: str, obj: Obj, namespace: str = "") -> Obj:
         with self._changed:
             kind, key = self._existing(plural, name, namespace)
-            current = self._objects[key]
-            wanted_rv = obj.get("metadata", {}).get("resourceVersion")
-            if wanted_rv and wanted_rv != current["metadata"]["resourceVersion"]:
-                raise ApiError(
-                    409,
-                    "Conflict",
-                    f'Operation cannot be fulfilled on {plural} "{name}": the object has '
-                    "been modified; please apply your changes to the latest version",
-                )
+            _check_version(plural, self._objects[key], obj)
             return self._store_update(kind, key, obj)
 
     def patch(self, plural: str, name: str, patch: Any, namespace: str = "", *, json_ops=False):
+        """A JSON patch, or a merge patch; a merge patch naming a resourceVersion is
+        applied only to that version (409 otherwise), as the API server does."""
         with self._changed:
             kind, key = self._existing(plural, name, namespace)
             current = self._objects[key]
-            updated = json_patch(current, patch) if json_ops else merge_patch(current, patch)
+            if json_ops:
+                updated = json_patch(current, patch)
+            else:
+                _check_version(plural, current, patch)
+                updated = merge_patch(current, patch)
             return self._store_update(kind, key, updated)
 
     def _existing(

@@ -4,6 +4,7 @@ reconciled idempotently across a restart."""
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
@@ -153,6 +154,70 @@ def test_a_node_someone_else_cordoned_is_never_taken_over(cluster: Cluster) -> N
     (group,) = cluster.cloud.node_groups()
     assert group.target_size() == 3
     assert cluster.fake.get("nodes", node)["spec"]["unschedulable"] is True
+
+
+def writes_after_each_read(removal: NodeRemoval, write: Callable[[], None]) -> None:
+    """Another writer changes the node right after every read gpuscale makes of it, before
+    gpuscale writes: the race a cordon must not lose."""
+    core = removal._core
+    read = core.read_node
+
+    def read_then_write(name: str, **kw: Any) -> Any:
+        found = read(name, **kw)
+        write()
+        return found
+
+    core.read_node = read_then_write  # type: ignore[method-assign]
+
+
+def test_a_cordon_made_by_someone_else_between_read_and_write_stays_theirs(
+    cluster: Cluster,
+) -> None:
+    """An operator cordons the node just after gpuscale read it as schedulable: the cordon
+    patch carries the version read, so the API server refuses it (409) and gpuscale, having
+    read the node again, leaves the cordon to its owner: not marked, never uncordoned."""
+    node = next(iter(cluster.nodes))
+    removal = cluster.removal()
+    writes_after_each_read(
+        removal, lambda: cluster.fake.patch("nodes", node, {"spec": {"unschedulable": True}})
+    )
+    assert removal.cordon(node) is False
+    removal.uncordon(node)
+    after = cluster.fake.get("nodes", node)
+    assert after["spec"]["unschedulable"] is True
+    assert KUBE_NAMES.removal_annotation not in (after["metadata"].get("annotations") or {})
+
+
+def test_a_cordon_retries_once_past_an_unrelated_write_then_gives_up(cluster: Cluster) -> None:
+    node, other = list(cluster.nodes)[:2]
+
+    def relabel(name: str, times: int) -> Callable[[], None]:
+        """Someone relabels the node, the first `times` times gpuscale reads it."""
+        done = []
+
+        def write() -> None:
+            if len(done) < times:
+                done.append(name)
+                labels = {"relabelled": str(len(done))}
+                cluster.fake.patch("nodes", name, {"metadata": {"labels": labels}})
+
+        return write
+
+    # One write by someone else between read and patch: read again, and cordoned then.
+    removal = cluster.removal()
+    writes_after_each_read(removal, relabel(node, times=1))
+    assert removal.cordon(node) is True
+    after = cluster.fake.get("nodes", node)
+    assert after["spec"]["unschedulable"] is True
+    assert KUBE_NAMES.removal_annotation in after["metadata"]["annotations"]
+    assert after["metadata"]["labels"]["relabelled"] == "1"  # their write stands
+
+    # A node that changes after every read: refused after the second try, left as it was.
+    again = cluster.removal()
+    writes_after_each_read(again, relabel(other, times=10))
+    with pytest.raises(KubeError, match="409"):
+        again.cordon(other)
+    assert not cluster.fake.get("nodes", other)["spec"].get("unschedulable")
 
 
 def test_removal_drains_placeholders_first_then_the_provider_deletes_that_node(

@@ -7,7 +7,8 @@ idempotent, so the flow resumes wherever a crash left it: a node gpuscale cordon
 an annotation saying so; a drain lists what is still on the node and evicts it again; a
 node whose instance the cloud no longer holds has already been deleted. A node someone
 else cordoned is theirs: it is refused untouched, and gpuscale never marks it or uncordons
-it.
+it, even where their cordon came between gpuscale's read and its write (the cordon is a
+patch on the version read).
 
 The drain evicts placeholder pods first (they only hold capacity) and leaves DaemonSet and
 mirror pods (they go with the node) and finished pods alone. As Cluster Autoscaler, it
@@ -23,11 +24,12 @@ gpuscale reads them (`read_node`, `read_pod`).
 from __future__ import annotations
 
 import time
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Collection, Iterable
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from enum import StrEnum
 from http import HTTPStatus
+from typing import Any
 
 from kubernetes import client as k8s
 
@@ -216,20 +218,30 @@ class NodeRemoval:
     def cordon(self, node_name: str) -> bool:
         """Mark the node unschedulable, noting that gpuscale did it (once: a cordoned node
         keeps the time its removal started). False, the node untouched, when someone else
-        cordoned it: their cordon is theirs to undo, so gpuscale never marks it its own."""
-        node = self._read_node(node_name)
-        if node is None:
-            raise KubeError(f"cordon {node_name}: no such node")
-        ours = self._marker in node.annotations
-        if node.unschedulable:
-            return ours
-        started = node.annotations.get(self._marker) or datetime.now(UTC).isoformat()
-        body = {
-            "metadata": {"annotations": {self._marker: started}},
-            "spec": {"unschedulable": True},
-        }
-        self._patch_node(node_name, body, "cordon")
-        return True
+        cordoned it: their cordon is theirs to undo, so gpuscale never marks it its own.
+
+        The patch applies only to the node as read (its resourceVersion), so a cordon made
+        by someone else between the read and the write is never marked gpuscale's: the API
+        server answers 409 and the node is read again, once. Raises KubeError when the
+        node changed under both tries."""
+        for _ in range(2):  # the first read, and one more after a conflict
+            found = self._read_node_json(node_name)
+            if found is None:
+                raise KubeError(f"cordon {node_name}: no such node")
+            node = read_node(found, self._names)
+            if node.unschedulable:
+                return self._marker in node.annotations
+            started = node.annotations.get(self._marker) or datetime.now(UTC).isoformat()
+            body = {
+                "metadata": {
+                    "annotations": {self._marker: started},
+                    "resourceVersion": found["metadata"]["resourceVersion"],
+                },
+                "spec": {"unschedulable": True},
+            }
+            if self._patch_node(node_name, body, "cordon", expect=(HTTPStatus.CONFLICT,)):
+                return True
+        raise KubeError(f"cordon {node_name}: the node changed under each try (409 Conflict)")
 
     def uncordon(self, node_name: str) -> None:
         """Undo a cordon that gpuscale made (one made by someone else is left alone)."""
@@ -271,18 +283,20 @@ class NodeRemoval:
 
     # ---- API calls ---------------------------------------------------------------------
     def _read_node(self, name: str) -> NodeFacts | None:
+        found = self._read_node_json(name)
+        return None if found is None else read_node(found, self._names)
+
+    def _read_node_json(self, name: str) -> dict[str, Any] | None:
+        """The node in its JSON form (resourceVersion included); None when it is gone."""
         found = kube_call(
             f"read node {name}", lambda: self._core.read_node(name), expect=(HTTPStatus.NOT_FOUND,)
         )
-        if isinstance(found, Refusal):
-            return None
-        return read_node(self._api.sanitize_for_serialization(found), self._names)
+        return None if isinstance(found, Refusal) else self._api.sanitize_for_serialization(found)
 
-    def _patch_node(self, name: str, body: dict, what: str) -> None:
-        try:
-            self._core.patch_node(name, body)
-        except API_ERRORS as exc:
-            raise kube_error(f"{what} {name}", exc) from None
+    def _patch_node(self, name: str, body: dict, what: str, expect: Collection[int] = ()) -> bool:
+        """Patch the node; False when the API server answers a status in `expect`."""
+        done = kube_call(f"{what} {name}", lambda: self._core.patch_node(name, body), expect=expect)
+        return not isinstance(done, Refusal)
 
     def _pods_on(self, node_name: str) -> list[PodRequest]:
         try:
