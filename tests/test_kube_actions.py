@@ -5,7 +5,7 @@ reconciled idempotently across a restart."""
 from __future__ import annotations
 
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 import pytest
@@ -14,6 +14,7 @@ from kubernetes import client as k8s
 
 from predictor.telemetry.kube_objects import KUBE_NAMES
 from scaler.cluster.pools import NodePool
+from scaler.kube.drainability import DrainRules
 from scaler.kube.errors import KubeError
 from scaler.kube.nodes import (
     DrainSettings,
@@ -80,15 +81,17 @@ def pod(
         meta["ownerReferences"] = [
             {"kind": owner, "name": "x", "apiVersion": "v1", "uid": "u", "controller": True}
         ]
-    spec = {"containers": [{"name": "main", "image": "busybox"}]}
+    spec: dict[str, Any] = {"containers": [{"name": "main", "image": "busybox"}]}
     if node is not None:
         spec["nodeName"] = node
+    if "volumes" in extra:
+        spec["volumes"] = extra["volumes"]
     return {"metadata": meta, "spec": spec, "status": {"phase": extra.get("phase", "Running")}}
 
 
-def budget(name: str, app: str, min_available: int | str) -> dict:
+def budget(name: str, app: str, min_available: int | str, namespace: str = "ml") -> dict:
     return {
-        "metadata": {"name": name, "namespace": "ml"},
+        "metadata": {"name": name, "namespace": namespace},
         "spec": {"minAvailable": min_available, "selector": {"matchLabels": {"app": app}}},
     }
 
@@ -343,6 +346,84 @@ def test_a_bare_pod_its_owner_lets_go_is_evicted(cluster: Cluster) -> None:
     cluster.fake.create("pods", scratch)
     assert cluster.removal().remove(node).status is RemovalStatus.REMOVED
     assert evictions(cluster.fake) == ["scratch"]
+
+
+def test_a_kube_system_pod_no_budget_covers_keeps_its_node(cluster: Cluster) -> None:
+    """Cluster Autoscaler's --skip-nodes-with-system-pods: a kube-system pod that is no
+    DaemonSet or mirror pod moves only under a PodDisruptionBudget of kube-system (one
+    elsewhere selecting the same labels does not count)."""
+    node = next(iter(cluster.nodes))
+    system = {"namespace": "kube-system", "labels": {"app": "metrics"}}
+    cluster.fake.create("pods", pod("metrics-server", node, **system))
+    cluster.fake.create("pods", pod("aws-node", node, owner="DaemonSet", **system))
+    cluster.fake.create("pods", pod("batch-1", node))
+    cluster.fake.create("poddisruptionbudgets", budget("metrics-pdb", "metrics", 0))
+
+    outcome = cluster.removal().remove(node)
+    assert outcome.status is RemovalStatus.BLOCKED
+    (blocking,) = outcome.blocking
+    assert (blocking.namespace, blocking.name) == ("kube-system", "metrics-server")
+    assert blocking.reason == (
+        "pod kube-system/metrics-server is a kube-system pod no PodDisruptionBudget covers"
+    )
+    assert evictions(cluster.fake) == []
+
+    cluster.fake.create(
+        "poddisruptionbudgets", budget("metrics-pdb", "metrics", 0, namespace="kube-system")
+    )
+    assert cluster.removal().remove(node).status is RemovalStatus.REMOVED
+    assert evictions(cluster.fake) == ["metrics-server", "batch-1"]
+    assert cluster.pods(node) == ["aws-node"]  # goes with the node
+
+
+EMPTY_DIR = {"name": "scratch", "emptyDir": {}}
+HOST_PATH = {"name": "models", "hostPath": {"path": "/mnt/nvme/models"}}
+SHM = {"name": "shm", "emptyDir": {"medium": "Memory"}}
+CONFIG = {"name": "config", "configMap": {"name": "train-config"}}
+LOCAL_VOLUMES = "cluster-autoscaler.kubernetes.io/safe-to-evict-local-volumes"
+
+
+@pytest.mark.parametrize(
+    ("volumes", "annotations", "kept"),
+    [
+        ([EMPTY_DIR, SHM, CONFIG], {}, "scratch"),
+        ([SHM, HOST_PATH], {}, "models"),
+        ([EMPTY_DIR, HOST_PATH], {LOCAL_VOLUMES: "scratch"}, "models"),
+        ([EMPTY_DIR, HOST_PATH], {LOCAL_VOLUMES: "scratch, models"}, "models"),  # as written
+        ([EMPTY_DIR, HOST_PATH], {LOCAL_VOLUMES: "scratch,models"}, None),
+        ([EMPTY_DIR, HOST_PATH], {SAFE_TO_EVICT: "true"}, None),
+        ([SHM, CONFIG], {}, None),
+    ],
+)
+def test_a_pod_with_local_storage_keeps_its_node_unless_let_go(
+    cluster: Cluster, volumes: list[dict], annotations: dict[str, str], kept: str | None
+) -> None:
+    """Cluster Autoscaler's --skip-nodes-with-local-storage: a hostPath or an emptyDir not
+    in memory is lost with the pod, so the pod keeps its node unless annotated safe to
+    evict or its safe-to-evict-local-volumes annotation names every such volume."""
+    node = next(iter(cluster.nodes))
+    cluster.fake.create("pods", pod("train", node, volumes=volumes, annotations=annotations))
+    outcome = cluster.removal().remove(node)
+    if kept is None:
+        assert outcome.status is RemovalStatus.REMOVED, outcome.reason
+        assert evictions(cluster.fake) == ["train"]
+        return
+    assert outcome.status is RemovalStatus.BLOCKED
+    (blocking,) = outcome.blocking
+    assert blocking.reason == (
+        f"pod ml/train has local storage ({kept}) not named in {LOCAL_VOLUMES}"
+    )
+    assert evictions(cluster.fake) == [] and cluster.pods(node) == ["train"]
+
+
+def test_the_system_pod_and_local_storage_rules_can_be_turned_off(cluster: Cluster) -> None:
+    node = next(iter(cluster.nodes))
+    cluster.fake.create("pods", pod("coredns", node, namespace="kube-system"))
+    cluster.fake.create("pods", pod("train", node, volumes=[EMPTY_DIR, HOST_PATH]))
+    neither = DrainRules(system_pods=False, local_storage=False)
+    outcome = cluster.removal(replace(FAST, rules=neither)).remove(node)
+    assert outcome.status is RemovalStatus.REMOVED, outcome.reason
+    assert evictions(cluster.fake) == ["coredns", "train"]
 
 
 def test_removal_resumes_after_a_crash_past_the_provider(cluster: Cluster) -> None:

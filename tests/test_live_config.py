@@ -19,6 +19,7 @@ from predictor.telemetry.config import KubernetesSettings
 from predictor.telemetry.kubernetes import api_client
 from scaler.controller.config import load_live_config
 from scaler.controller.system import LiveSystem
+from scaler.kube.drainability import DrainRules
 
 REPO = Path(__file__).resolve().parents[1]
 AWS = {"region": "us-east-1", "bindings": [{"pool": "a100", "auto_scaling_group": "gpu-a100"}]}
@@ -182,6 +183,23 @@ def test_a_bad_value_from_the_aws_environment_names_the_provider(
     assert (caught.value.path, caught.value.column) == (str(path), "provider")
     assert "cannot create AWS clients" in caught.value.reason
     assert not (tmp_path / "state").exists()  # nothing written before the refusal
+
+
+def test_the_drain_rules_are_cluster_autoscalers_defaults_and_its_flags_turn_them_off(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    kubernetes = {"host": "http://127.0.0.1:8001"}
+    plain = write_config(tmp_path / "plain.yaml", base(tmp_path) | {"kubernetes": kubernetes})
+    section = load_live_config(plain).kubernetes
+    assert section is not None
+    assert section.drain.rules() == DrainRules(system_pods=True, local_storage=True)
+
+    kubernetes |= {"drain": {"skip_nodes_with_local_storage": False}}
+    off = write_config(tmp_path / "off.yaml", base(tmp_path) | {"kubernetes": kubernetes})
+    monkeypatch.setenv("GPUSCALE_KUBERNETES__DRAIN__SKIP_NODES_WITH_SYSTEM_PODS", "false")
+    section = load_live_config(off).kubernetes
+    assert section is not None
+    assert section.drain.rules() == DrainRules(system_pods=False, local_storage=False)
 
 
 @pytest.mark.parametrize("text", ["hello\n", "- a\n- b\n", "clusters: x\ncontexts: 3\n", "a: [\n"])

@@ -735,6 +735,87 @@ def test_a_node_with_a_pod_no_drain_may_take_is_not_removable(tmp_path: Path, fa
     assert not any(n["spec"].get("unschedulable") for n in fake.objects("nodes"))
 
 
+def test_a_system_pod_no_budget_covers_or_local_storage_keeps_a_node_unless_configured(
+    tmp_path: Path, fake: Any
+) -> None:
+    """Demand wants one node of three; the idle ones run a kube-system pod no budget covers
+    and a pod with an emptyDir on disk. As in Cluster Autoscaler (its flags'
+    defaults), neither node may go and the plan names the pod and why; with
+    `kubernetes.drain.skip_nodes_with_system_pods` and `skip_nodes_with_local_storage`
+    false, both go."""
+    r = kube_cluster(tmp_path, fake, nodes=3, pre_position=False)
+    busy, system, local = kube_names_of(r)
+    fake.create("pods", kube_pod("train", busy, gpus=8))
+    coredns = kube_pod("coredns", system)
+    coredns["metadata"]["namespace"] = "kube-system"
+    fake.create("pods", coredns)
+    cache = kube_pod("cache", local)
+    cache["spec"]["volumes"] = [{"name": "scratch", "emptyDir": {}}]
+    fake.create("pods", cache)
+
+    dry = r.iterate(apply=False).decision
+    nodes = {n["node"]: n for n in dry.fleet.to_dict()["nodes"]["a100"]}
+    assert nodes[system]["drainable"] is False
+    assert nodes[system]["check"] == (
+        "pod kube-system/coredns is a kube-system pod no PodDisruptionBudget covers"
+    )
+    assert nodes[local]["drainable"] is False
+    assert nodes[local]["check"] == (
+        "pod ml/cache has local storage (scratch) not named in"
+        " cluster-autoscaler.kubernetes.io/safe-to-evict-local-volumes"
+    )
+    assert dry.plan.decisions[0].inputs["removable"] == 0 and dry.removals == ()
+
+    kube = r.config.kubernetes
+    assert kube is not None
+    drain = kube.drain.model_copy(
+        update={"skip_nodes_with_system_pods": False, "skip_nodes_with_local_storage": False}
+    )
+    off = r.config.model_copy(update={"kubernetes": kube.model_copy(update={"drain": drain})})
+    applied = reconciler(off, replace(r.system, config=off)).iterate(apply=True)
+    removed = [a["node"] for a in applied.actions if a["action"] == "remove_node"]
+    assert sorted(removed) == sorted([system, local])
+    assert all(a["status"] == "done" for a in applied.actions)
+    assert kube_names_of(r) == [busy]
+
+
+def test_the_drain_asks_the_rules_again_of_the_pods_there_now(tmp_path: Path, fake: Any) -> None:
+    """At plan time a budget covers the idle node's kube-system pod, so the node may go;
+    the budget is deleted before the drain. The drain asks the same rules of the cluster
+    as it is then: nothing is evicted, the node serves again, and the action says why."""
+    r = kube_cluster(tmp_path, fake, nodes=2, pre_position=False)
+    busy, idle = kube_names_of(r)
+    fake.create("pods", kube_pod("train", busy, gpus=8))
+    coredns = kube_pod("coredns", idle)
+    coredns["metadata"] |= {"namespace": "kube-system", "labels": {"k8s-app": "kube-dns"}}
+    fake.create("pods", coredns)
+    selector = {"matchLabels": {"k8s-app": "kube-dns"}}
+    fake.create(
+        "poddisruptionbudgets",
+        {"metadata": {"name": "coredns", "namespace": "kube-system"},
+         "spec": {"maxUnavailable": 1, "selector": selector}},
+    )  # fmt: skip
+
+    def budget_deleted(at: str) -> None:
+        if at == "journaled":
+            fake.delete("poddisruptionbudgets", "coredns", "kube-system")
+
+    outcome = reconciler(r.config, r.system, pause=budget_deleted).iterate(apply=True)
+    assert [x.cloud_name for x in outcome.decision.removals] == [idle]
+    (removal,) = [a for a in outcome.actions if a["action"] == "remove_node"]
+    assert removal["status"] == "blocked"
+    assert removal["blocking"] == [
+        {
+            "pod": "kube-system/coredns",
+            "budget": None,
+            "reason": "pod kube-system/coredns is a kube-system pod no PodDisruptionBudget covers",
+        }
+    ]
+    assert [p["metadata"]["name"] for p in fake.objects("pods", "kube-system")] == ["coredns"]
+    assert kube_names_of(r) == [busy, idle]
+    assert not fake.get("nodes", idle)["spec"].get("unschedulable")
+
+
 def test_a_registered_node_the_cloud_calls_booting_is_checked_like_a_ready_one(
     tmp_path: Path, fake: Any
 ) -> None:

@@ -43,6 +43,10 @@ WHOLE_GPU_MILLI = 1000  # a GPU's share in thousandths (scaler.cluster.job's uni
 MIRROR_ANNOTATION = "kubernetes.io/config.mirror"  # static pods the kubelet runs
 # Cluster Autoscaler's: "false" on a pod: never evict it; "true": evict it freely.
 SAFE_TO_EVICT_ANNOTATION = "cluster-autoscaler.kubernetes.io/safe-to-evict"
+# Cluster Autoscaler's: on a pod, the local volumes (comma-separated names) it may lose.
+SAFE_TO_EVICT_LOCAL_VOLUMES_ANNOTATION = (
+    "cluster-autoscaler.kubernetes.io/safe-to-evict-local-volumes"
+)
 FINISHED_PHASES = ("Succeeded", "Failed")
 MIB = 2**20
 MIG_COMPUTE_SLICES = 7  # of an A100, H100, H200 or B200: a `3g` profile holds 3 of them
@@ -188,6 +192,9 @@ class PodRequest:
     # Annotated safe-to-evict "true": a drain may evict it even with no controller (its
     # owner said losing it is fine, as Cluster Autoscaler reads the annotation).
     evict_anyway: bool = False
+    # Its volumes that keep data on the node (a hostPath, an emptyDir not in memory), lost
+    # when it is evicted, but those its safe-to-evict-local-volumes annotation names.
+    local_storage: tuple[str, ...] = ()
 
     @property
     def id(self) -> str:
@@ -426,7 +433,24 @@ def read_pod(pod: Any, names: KubeNames = KUBE_NAMES) -> PodRequest:
         controller_uid=controller_uid,
         controller=controller,
         evict_anyway=annotations.get(SAFE_TO_EVICT_ANNOTATION) == "true",
+        local_storage=_local_storage(spec, annotations),
     )
+
+
+def _local_storage(spec: Mapping[str, Any], annotations: Mapping[str, Any]) -> tuple[str, ...]:
+    """The names of the pod's volumes on the node's own storage that its annotation does
+    not let go, as Cluster Autoscaler reads them (names split at commas, as written)."""
+    let_go = set(str(annotations.get(SAFE_TO_EVICT_LOCAL_VOLUMES_ANNOTATION) or "").split(","))
+    kept = []
+    for volume in map(_map, _list(spec.get("volumes"))):
+        name = str(volume.get("name") or "")
+        empty_dir = volume.get("emptyDir")
+        on_node = volume.get("hostPath") is not None or (
+            empty_dir is not None and _map(empty_dir).get("medium") != "Memory"
+        )
+        if on_node and name not in let_go:
+            kept.append(name)
+    return tuple(kept)
 
 
 def _controller(owners: list[Any]) -> tuple[str | None, str | None]:

@@ -50,6 +50,7 @@ from scaler.cluster.mig import layout_of
 from scaler.cluster.pools import NodePool
 from scaler.cluster.topology import parse_gpu_domains
 from scaler.kube.capacity_buffers import BufferSettings
+from scaler.kube.drainability import DrainRules
 from scaler.kube.mig_manager import MigManagerSettings
 from scaler.kube.placeholders import PlaceholderSettings
 from scaler.placement.mix import WorkloadMix
@@ -152,6 +153,26 @@ class DrainSection(_Section):
         " timeout_s, and no scale-up is planned until the pass ends: 3 holds a pass to"
         " about 3 x timeout_s, while idle nodes, which drain at once, still go 3 a pass",
     )
+    skip_nodes_with_system_pods: bool = Field(
+        default=True,
+        description="as Cluster Autoscaler's flag: a node running a kube-system pod that is"
+        " no DaemonSet or mirror pod and that no PodDisruptionBudget covers is not removed,"
+        ' unless the pod is annotated cluster-autoscaler.kubernetes.io/safe-to-evict: "true"',
+    )
+    skip_nodes_with_local_storage: bool = Field(
+        default=True,
+        description="as Cluster Autoscaler's flag: a node running a pod with local storage (a"
+        " hostPath, or an emptyDir not in memory) is not removed, unless the pod is annotated"
+        ' safe-to-evict: "true" or its cluster-autoscaler.kubernetes.io/'
+        "safe-to-evict-local-volumes annotation names each such volume",
+    )
+
+    def rules(self) -> DrainRules:
+        """Which pods keep their node (`scaler.kube.drainability`)."""
+        return DrainRules(
+            system_pods=self.skip_nodes_with_system_pods,
+            local_storage=self.skip_nodes_with_local_storage,
+        )
 
 
 class KubernetesSection(KubernetesSettings):

@@ -5,8 +5,9 @@ For each node the view knows its pool, whether it is booting or ready, its Kuber
 GPU jobs run on it (such a node is never chosen for removal: a scale-down must not kill
 training), how many pods a drain would have to move, whether gpuscale cordoned it, and
 whether it may go at all: a node someone else cordoned is theirs, and one with a pod no
-drain may take (one nothing would recreate, or one not safe to evict) is not drainable, as
-in Cluster Autoscaler. Once `with_removal_checks` has run it knows, for the others,
+drain may take (`drainability.why_undrainable`: one nothing would recreate, one not safe
+to evict, a kube-system pod no budget covers, one with local storage) is not drainable,
+as in Cluster Autoscaler. Once `with_removal_checks` has run it knows, for the others,
 whether the scale-down check found their pods room elsewhere (with the pending pods that
 fit now already placed, as Cluster Autoscaler does). It also counts, per pool, the GPUs
 real pods hold or wait for (shared GPUs as their shares; pending Kueue Workloads' too).
@@ -28,6 +29,12 @@ from predictor.telemetry.kube_objects import KUBE_NAMES, KubeNames
 from scaler.cluster.job import Job
 from scaler.cluster.snapshot import ClusterState
 from scaler.controller.removal_order import RemovalCandidate, removal_order
+from scaler.kube.drainability import (
+    CLUSTER_AUTOSCALER_RULES,
+    DrainRules,
+    SystemBudgets,
+    undrainable,
+)
 from scaler.kube.nodes import OTHERS_CORDON
 from scaler.kube.observed import (
     ObserveCluster,
@@ -216,11 +223,13 @@ def observe_fleet(
     names: KubeNames = KUBE_NAMES,
     assume_idle: bool = False,
     observe: ObserveCluster = observe_cluster,
+    rules: DrainRules = CLUSTER_AUTOSCALER_RULES,
 ) -> ObservedFleet:
     """Read the provider (after a refresh) and, when given, the cluster (with `observe`:
-    a process that reads the cluster elsewhere too passes its shared listing). Without a
-    cluster, ready nodes count as idle only when `assume_idle` (a simulated cloud, where
-    nothing runs); elsewhere they are treated as busy, since nothing can drain them."""
+    a process that reads the cluster elsewhere too passes its shared listing), a node
+    with a pod `rules` say no drain may take not drainable. Without a cluster, ready nodes
+    count as idle only when `assume_idle` (a simulated cloud, where nothing runs);
+    elsewhere they are treated as busy, since nothing can drain them."""
     provider.refresh()
     groups = {g.id(): g for g in provider.node_groups()}
     cloud_nodes = {pool: groups[pool].nodes() if pool in groups else [] for pool in pools}
@@ -265,7 +274,7 @@ def observe_fleet(
         views = []
         for n in found:
             kube = by_cloud.get(n.name)
-            kept = _kept(kube) if kube is not None else None
+            kept = _kept(kube, rules, cluster.budgets) if kube is not None else None
             views.append(
                 FleetNode(
                     cloud_name=n.name,
@@ -285,10 +294,11 @@ def observe_fleet(
     return ObservedFleet(nodes, targets, used, kubernetes=True, cluster=cluster)
 
 
-def _kept(node: ObservedNode) -> str | None:
+def _kept(node: ObservedNode, rules: DrainRules, budgets: SystemBudgets) -> str | None:
     """Why `node` may not go, whatever the scale-down check would say: someone else
     cordoned it (theirs to undo; gpuscale neither takes it nor uncordons it), or a pod
-    there may not be drained."""
+    there may not be drained (the first, by id)."""
     if node.cordoned and not node.draining:
         return OTHERS_CORDON
-    return node.undrainable
+    kept = undrainable(node.evicted, rules, budgets)
+    return kept[0][1] if kept else None

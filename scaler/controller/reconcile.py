@@ -76,6 +76,7 @@ from scaler.kube.capacity_buffers import (
     CapacityBuffers,
     unit_template,
 )
+from scaler.kube.drainability import CLUSTER_AUTOSCALER_RULES
 from scaler.kube.errors import KubeError
 from scaler.kube.kueue import with_queue
 from scaler.kube.nodes import DrainSettings, NodeRemoval, RemovalOutcome, RemovalStatus
@@ -723,6 +724,7 @@ class Reconciler:
             names,
             assume_idle=self.system.provider.name() == "simulated",
             observe=with_queue(self.observe) if kube is not None and kube.kueue else self.observe,
+            rules=kube.drain.rules() if kube is not None else CLUSTER_AUTOSCALER_RULES,
         ).with_removal_checks(placement, unremovable)
         # Planned within what the cloud allows now, so the plan (and its reason) is what a
         # growth can reach: an ASG's MaxSize or a NodePool's limits may be below max_size.
@@ -1016,7 +1018,7 @@ class Reconciler:
         removing = NodeRemoval(
             self.system.kube,
             self.system.provider,
-            DrainSettings(kube.drain.timeout_s, kube.drain.poll_s),
+            DrainSettings(kube.drain.timeout_s, kube.drain.poll_s, kube.drain.rules()),
             names=kube_names(kube),
             may_act=self._check_leader,  # a drain outlasts a lease: asked all along
         )

@@ -11,14 +11,14 @@ not decide on.
 
 from __future__ import annotations
 
-from collections.abc import Mapping
 from dataclasses import dataclass
 from http import HTTPStatus
 
 from kubernetes import client as k8s
 
 from predictor.telemetry.kube_objects import KUBE_NAMES, KubeNames, PodRequest, read_pod
-from scaler.kube.errors import API_ERRORS, Refusal, kube_call
+from scaler.kube.drainability import budgets_in, selector_matches
+from scaler.kube.errors import KubeError, Refusal, kube_call
 from scaler.kube.pods import pod_json_now
 
 
@@ -28,25 +28,6 @@ class BlockingPod:
     name: str
     reason: str
     budget: str | None = None  # the PodDisruptionBudget that refused its eviction
-
-
-def selector_matches(selector: k8s.V1LabelSelector | None, labels: Mapping[str, str]) -> bool:
-    """A LabelSelector; a null one selects nothing, an empty one everything."""
-    if selector is None:
-        return False
-    if any(labels.get(k) != v for k, v in (selector.match_labels or {}).items()):
-        return False
-    for term in selector.match_expressions or []:
-        present, values = term.key in labels, term.values or []
-        if term.operator == "In" and (not present or labels[term.key] not in values):
-            return False
-        if term.operator == "NotIn" and present and labels[term.key] in values:
-            return False
-        if term.operator == "Exists" and not present:
-            return False
-        if term.operator == "DoesNotExist" and present:
-            return False
-    return True
 
 
 def request_eviction(
@@ -98,8 +79,8 @@ def read_pod_now(
 def _budget_of(api: k8s.ApiClient, pod: PodRequest) -> str | None:
     labels = dict(pod.labels)
     try:
-        budgets = k8s.PolicyV1Api(api).list_namespaced_pod_disruption_budget(pod.namespace).items
-    except API_ERRORS:
+        budgets = budgets_in(api, pod.namespace)
+    except KubeError:
         return None  # naming the budget is a courtesy; the refusal stands anyway
     names = sorted(b.metadata.name for b in budgets if selector_matches(b.spec.selector, labels))
     return ", ".join(names) or None

@@ -12,8 +12,8 @@ patch on the version read).
 
 The drain evicts placeholder pods first (they only hold capacity) and leaves DaemonSet and
 mirror pods (they go with the node) and finished pods alone. As Cluster Autoscaler, it
-takes no node with a pod it must not evict (`why_undrainable`: one nothing would recreate,
-or one its safe-to-evict annotation marks `"false"`): such a pod stops the drain before
+takes no node with a pod it must not evict (`drainability.why_undrainable`, the rules the
+plan checked, asked again of the pods on the node now): such a pod stops the drain before
 anything is evicted, and the node is reported as blocked. An eviction the API server
 refuses with 429 because of a PodDisruptionBudget is retried until the drain's timeout;
 then the node stays cordoned and is reported as blocked, naming each blocking pod and its
@@ -35,12 +35,17 @@ from kubernetes import client as k8s
 
 from predictor.telemetry.kube_objects import (
     KUBE_NAMES,
-    SAFE_TO_EVICT_ANNOTATION,
     KubeNames,
     NodeFacts,
     PodRequest,
     read_node,
     read_pod,
+)
+from scaler.kube.drainability import (
+    CLUSTER_AUTOSCALER_RULES,
+    DrainRules,
+    system_budgets,
+    undrainable,
 )
 from scaler.kube.errors import API_ERRORS, KubeError, Refusal, kube_call, kube_error
 from scaler.kube.evictions import BlockingPod, request_eviction
@@ -51,6 +56,7 @@ from scaler.providers.base import CloudProvider, NodeGroup, ProviderError
 class DrainSettings:
     timeout_s: float = 600.0
     poll_s: float = 5.0
+    rules: DrainRules = CLUSTER_AUTOSCALER_RULES  # which pods keep their node
 
 
 OTHERS_CORDON = "cordoned by someone else (unschedulable without gpuscale's marker)"
@@ -74,20 +80,6 @@ class RemovalOutcome:
     @property
     def removed(self) -> bool:
         return self.status is RemovalStatus.REMOVED
-
-
-def why_undrainable(pod: PodRequest) -> str | None:
-    """Why no drain may take `pod` away, so its node must stay (Cluster Autoscaler's rules):
-    it is annotated safe-to-evict "false", or no controller would recreate it (a bare pod
-    evicted is lost, unless annotated safe-to-evict "true"). None for a pod that may go,
-    goes with its node, has finished or is going already; placeholders are gpuscale's own."""
-    if pod.goes_with_node or pod.finished or pod.deleting or pod.placeholder:
-        return None
-    if not pod.safe_to_evict:
-        return f'pod {pod.id} is annotated {SAFE_TO_EVICT_ANNOTATION}: "false"'
-    if pod.controller_uid is None and not pod.evict_anyway:
-        return f"pod {pod.id} has no controller to recreate it"
-    return None
 
 
 @dataclass(frozen=True, slots=True)
@@ -263,10 +255,10 @@ class NodeRemoval:
             if not pods:
                 return ()
             # Evicting the others first would only disrupt them: the node cannot go anyway.
+            budgets = system_budgets(self._api, pods)
             kept = [
                 BlockingPod(p.namespace, p.name, why)
-                for p in pods
-                if (why := why_undrainable(p)) is not None
+                for p, why in undrainable(pods, self.settings.rules, budgets)
             ]
             if kept:
                 return tuple(kept)

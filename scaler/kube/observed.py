@@ -17,8 +17,9 @@ an `ObservedCluster`:
   shares as shares, MIG instances in GPU equivalents), as are the GPUs real pods hold on
   each node;
 - per node what the loop needs to remove it: its pool label, its provider's name, the real
-  pods a drain would move, whether real pods hold GPUs there and why no drain may empty it
-  (a pod nothing would recreate, or one not safe to evict: `nodes.why_undrainable`);
+  pods a drain would move (for `drainability.why_undrainable` to say whether one keeps the
+  node) and whether real pods hold GPUs there; and kube-system's PodDisruptionBudgets,
+  where a kube-system pod runs (whether a budget covers a system pod is one of the rules);
 - the pods bound into the state (by job id), for what a job's pod says beyond the job (may
   it be moved, what recreates it), and the moves defragmentation planned onto each node;
 - with Kueue (`scaler.kube.kueue.with_queue`), the jobs of the pending Workloads, which have
@@ -46,9 +47,9 @@ from predictor.telemetry.kube_objects import (
 )
 from scaler.cluster.job import Job
 from scaler.cluster.snapshot import ClusterState, NodeSpec
+from scaler.kube.drainability import NO_BUDGETS, SystemBudgets, system_budgets
 from scaler.kube.errors import kube_call
 from scaler.kube.moves import PlannedMove, read_moves
-from scaler.kube.nodes import why_undrainable
 from scaler.kube.objects import job_of, spec_of
 from scaler.placement.policies.base import best_fit_gpus
 
@@ -64,16 +65,23 @@ class ObservedNode:
     pool: str | None  # its pool label
     cordoned: bool
     draining: bool  # cordoned by gpuscale for its removal
-    movable_pods: int = 0  # real pods a drain would evict (placeholders and DaemonSets aside)
     gpu_pods: int = 0  # real pods holding GPUs here
     gpus_used: float = 0.0  # GPUs real pods hold here (shares as shares, MIG as equivalents)
-    undrainable: str | None = None  # why no drain may empty it (`nodes.why_undrainable`)
-    pods: tuple[str, ...] = ()  # the real pods a drain would evict, by id
+    # The real pods a drain would evict (placeholders, DaemonSet and mirror pods aside), by id
+    evicted: tuple[PodRequest, ...] = ()
 
     @property
     def busy(self) -> bool:
         """Real GPU jobs run here: a scale-down must never kill training."""
         return self.gpu_pods > 0
+
+    @property
+    def pods(self) -> tuple[str, ...]:
+        return tuple(p.id for p in self.evicted)
+
+    @property
+    def movable_pods(self) -> int:
+        return len(self.evicted)
 
 
 @dataclass(frozen=True)
@@ -91,6 +99,7 @@ class ObservedCluster:
     queued: tuple[Job, ...] = ()  # pending Kueue Workloads' jobs (no pods yet), gangs
     queued_pools: Mapping[str, str | None] = field(default_factory=dict)  # job -> pool
     queued_gpus: Mapping[str | None, float] = field(default_factory=dict)  # per pool
+    budgets: SystemBudgets = NO_BUDGETS  # kube-system's PodDisruptionBudgets
 
     @property
     def real_pending(self) -> tuple[Job, ...]:
@@ -101,9 +110,10 @@ def observed_cluster(
     nodes: Sequence[tuple[NodeFacts, str]],
     pods: Sequence[PodRequest],
     names: KubeNames = KUBE_NAMES,
+    budgets: SystemBudgets = NO_BUDGETS,
 ) -> ObservedCluster:
-    """The snapshot of `nodes` (each with its provider's name) and `pods` (see the module
-    docstring)."""
+    """The snapshot of `nodes` (each with its provider's name), `pods` and kube-system's
+    `budgets` (see the module docstring)."""
     facts = {f.name: (f, cloud) for f, cloud in nodes}
     live = [p for p in pods if not p.finished]
     overhead: dict[str, tuple[int, int]] = {}
@@ -121,10 +131,9 @@ def observed_cluster(
     taints = frozenset(t for s in specs.values() for t in s.taints)
     node_taints = _taints(facts)
 
-    movable: dict[str, list[str]] = {}
+    movable: dict[str, list[PodRequest]] = {}
     gpu_pods: dict[str, int] = {}
     used: dict[str, float] = {}
-    undrainable: dict[str, str] = {}
     bound: list[tuple[PodRequest, Job]] = []
     pending: list[Job] = []
     pending_pools: dict[str, str | None] = {}
@@ -143,11 +152,8 @@ def observed_cluster(
         if pod.node not in facts:
             continue  # bound to a node that has not registered (or has gone)
         bound.append((pod, job))
-        why = why_undrainable(pod)
-        if why is not None:
-            undrainable.setdefault(pod.node, why)
         if not pod.placeholder:
-            movable.setdefault(pod.node, []).append(pod.id)
+            movable.setdefault(pod.node, []).append(pod)
             if pod.gpus or pod.mig:
                 gpu_pods[pod.node] = gpu_pods.get(pod.node, 0) + 1
                 used[pod.node] = used.get(pod.node, 0.0) + pod.gpu_demand
@@ -159,11 +165,9 @@ def observed_cluster(
             pool=node.pool,
             cordoned=node.unschedulable,
             draining=names.removal_annotation in node.annotations,
-            movable_pods=len(movable.get(name, ())),
             gpu_pods=gpu_pods.get(name, 0),
             gpus_used=used.get(name, 0.0),
-            undrainable=undrainable.get(name),
-            pods=tuple(sorted(movable.get(name, ()))),
+            evicted=tuple(sorted(movable.get(name, ()), key=lambda p: p.id)),
         )
         for name, (node, cloud) in facts.items()
     }
@@ -186,6 +190,7 @@ def observed_cluster(
         taints=taints,
         bound_pods={job.id: pod for pod, job in bound if job.id in in_state},
         moves={name: found for name, found in moves.items() if found},
+        budgets=budgets,
     )
 
 
@@ -232,8 +237,9 @@ ObserveCluster = Callable[[k8s.ApiClient, KubeNames], ObservedCluster]
 
 
 def observe_cluster(api: k8s.ApiClient, names: KubeNames = KUBE_NAMES) -> ObservedCluster:
-    """List nodes and pods once (pods that have finished left out by the API server) and
-    return the snapshot. Raises KubeError when the API server cannot answer."""
+    """List nodes and pods once (pods that have finished left out by the API server), and
+    kube-system's budgets where a pod runs there, and return the snapshot. Raises
+    KubeError when the API server cannot answer."""
     core = k8s.CoreV1Api(api)
     what = "read nodes and pods"
     raw_nodes = kube_call(what, core.list_node).items or []
@@ -245,4 +251,4 @@ def observe_cluster(api: k8s.ApiClient, names: KubeNames = KUBE_NAMES) -> Observ
     facts = [read_node(as_json(n), names) for n in raw_nodes]
     nodes = [(f, f.cloud_name) for f in facts]
     pods = [read_pod(as_json(p), names) for p in raw_pods]
-    return observed_cluster(nodes, pods, names)
+    return observed_cluster(nodes, pods, names, system_budgets(api, pods))

@@ -39,6 +39,7 @@ API_CALLS: dict[str, Permission] = {
     "patch_namespaced_pod": Permission("", "pods", "patch"),  # extender bind: GPU annotation
     "create_namespaced_pod_binding": Permission("", "pods/binding", "create"),
     "create_namespaced_pod_eviction": Permission("", "pods/eviction", "create"),  # drain, defrag
+    # drain and defrag: the budget refusing an eviction; the plan: kube-system's budgets
     "list_namespaced_pod_disruption_budget": Permission("policy", "poddisruptionbudgets", "list"),
     "read_priority_class": Permission("scheduling.k8s.io", "priorityclasses", "get"),
     "create_priority_class": Permission("scheduling.k8s.io", "priorityclasses", "create"),
@@ -121,6 +122,7 @@ COMPONENT_MODULES: dict[str, tuple[str, ...]] = {
         "scaler/kube/observed.py",
         "scaler/kube/moves.py",
         "scaler/kube/evictions.py",
+        "scaler/kube/drainability.py",
         "scaler/kube/pods.py",
         "scaler/kube/mig_manager.py",
         "scaler/kube/capacity_buffers.py",
@@ -135,6 +137,7 @@ COMPONENT_MODULES: dict[str, tuple[str, ...]] = {
         "scaler/service/extender.py",
         "scaler/kube/pods.py",
         "scaler/kube/observed.py",
+        "scaler/kube/drainability.py",
         "scaler/providers/karpenter.py",
         "scaler/providers/autoscaler.py",
         "scaler/kube/kueue.py",
