@@ -287,6 +287,59 @@ def test_a_pod_guarded_by_a_disruption_budget_blocks_removal_until_it_can_go(
     assert cluster.pods(node) == [] and group.target_size() == 2
 
 
+class PassClock:
+    """A drain's clock that moves only when the drain waits."""
+
+    def __init__(self) -> None:
+        self.now = 0.0
+        self.waits = 0
+
+    def sleep(self, seconds: float) -> None:
+        self.now += seconds
+        self.waits += 1
+
+
+def test_a_pass_drains_its_nodes_together(cluster: Cluster) -> None:
+    """Two nodes whose serving pods a budget holds back and a third whose pod may go: the
+    third is deleted once its pod has left (the next round), the held ones both wait out
+    one timeout together (10 polls of 1 s, not 10 per node), each reported as it ends.
+    When the budget lets one pod go, its node is deleted while the other still waits."""
+    a, b, c = cluster.nodes
+    cluster.fake.create("poddisruptionbudgets", budget("serve-pdb", "serve", 2))
+    for name, node in (("serve-1", a), ("serve-2", b)):
+        cluster.fake.create("pods", pod(name, node, labels={"app": "serve"}))
+    cluster.fake.create("pods", pod("batch-1", c))
+    clock = PassClock()
+    removal = NodeRemoval(
+        client_for(cluster.fake),
+        cluster.cloud,
+        DrainSettings(timeout_s=10, poll_s=1),
+        clock=lambda: clock.now,
+        sleep=clock.sleep,
+    )
+    (group,) = cluster.cloud.node_groups()
+    group.increase_size(1)  # min size 1: room to take three out
+    cluster.cloud.advance(61)
+    assert all(removal.prepare(n) is None for n in (a, b, c))
+
+    ended = [
+        (n, o.status, clock.now) for n, o in removal.finish_all([(a, None), (b, None), (c, None)])
+    ]
+    assert ended == [
+        (c, RemovalStatus.REMOVED, 1.0),  # evicted, then found empty
+        (a, RemovalStatus.BLOCKED, 10.0),
+        (b, RemovalStatus.BLOCKED, 10.0),
+    ]
+    assert clock.waits == 10
+
+    cluster.fake.delete("poddisruptionbudgets", "serve-pdb", "ml")
+    cluster.fake.create("poddisruptionbudgets", budget("serve-pdb", "serve", 1))
+    clock.waits = 0
+    ended = [(n, o.status) for n, o in removal.finish_all([(a, None), (b, None)])]
+    assert ended == [(a, RemovalStatus.REMOVED), (b, RemovalStatus.BLOCKED)]
+    assert clock.waits == 10 and cluster.pods(a) == [] and cluster.pods(b) == ["serve-2"]
+
+
 def test_budgets_by_max_unavailable_and_overlapping_budgets(cluster: Cluster) -> None:
     node, other = list(cluster.nodes)[:2]
     cluster.fake.create(
@@ -300,13 +353,14 @@ def test_budgets_by_max_unavailable_and_overlapping_budgets(cluster: Cluster) ->
     cluster.fake.create("pods", pod("web-2", other, labels={"app": "web"}))
     cluster.fake.create("pods", pod("web-3", None, labels={"app": "web"}, phase="Pending"))
     # 3 covered, 50% may be unavailable (rounds up: 2), so 1 must stay healthy: 2 are.
-    assert cluster.removal().drain(node) == ()
+    assert cluster.removal().remove(node).status is RemovalStatus.REMOVED
 
     cluster.fake.create("poddisruptionbudgets", budget("a-pdb", "db", 1))
     cluster.fake.create("poddisruptionbudgets", budget("b-pdb", "db", 0))
     cluster.fake.create("pods", pod("db-1", other, labels={"app": "db"}))
-    drain = cluster.removal(DrainSettings(timeout_s=0.05, poll_s=0.01)).drain(other)
-    blocking = {b.name: b for b in drain}
+    drain = cluster.removal(DrainSettings(timeout_s=0.05, poll_s=0.01)).remove(other)
+    assert drain.status is RemovalStatus.BLOCKED
+    blocking = {b.name: b for b in drain.blocking}
     assert sorted(blocking) == ["db-1", "web-2"]
     assert blocking["db-1"].budget == "a-pdb, b-pdb"
     assert "more than one PodDisruptionBudget" in blocking["db-1"].reason

@@ -149,9 +149,9 @@ class DrainSection(_Section):
         ge=1,
         description="registered nodes one pass removes at most (nodes not registered yet,"
         " with nothing to drain, aside); the rest of the surplus waits for the next pass,"
-        " checked on what the cluster shows then. Drains run one after another, each up to"
-        " timeout_s, and no scale-up is planned until the pass ends: 3 holds a pass to"
-        " about 3 x timeout_s, while idle nodes, which drain at once, still go 3 a pass",
+        " checked on what the cluster shows then. The pass's drains run together, each up to"
+        " timeout_s, and no scale-up is planned until the pass ends, so a pass lasts about"
+        " timeout_s however many nodes it drains",
     )
     skip_nodes_with_system_pods: bool = Field(
         default=True,

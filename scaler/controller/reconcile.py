@@ -1008,8 +1008,9 @@ class Reconciler:
     ) -> None:
         """Take the pass's nodes out. Those gpuscale drains are all cordoned before the
         first drain starts, so what one drain evicts, or a new pod, lands on no node about
-        to go; each is then drained and deleted in turn (`NodeRemoval.finish`), or skipped
-        when pods arrived since the scale-down check. The others the provider deletes."""
+        to go; they are then drained together and each deleted once empty
+        (`NodeRemoval.finish_all`), or skipped when pods arrived since the scale-down
+        check, each journaled as it ends. The others the provider deletes."""
         kube = self.config.kubernetes
         drains = self.config.provider.scale_down == "drain"
         if not (drains and kube is not None and self.system.kube is not None):
@@ -1039,15 +1040,11 @@ class Reconciler:
                     cordoned.append((removal, action))
                 else:
                     outcome.actions.append(self._settle(removing, removal, action, refused))
-            while cordoned:
-                removal, action = cordoned[0]
-                assert removal.kube_name is not None
-                result: RemovalOutcome | Exception
-                try:
-                    result = removing.finish(removal.kube_name, frozenset(removal.pods))
-                except (ProviderError, KubeError) as exc:
-                    result = exc
-                cordoned.pop(0)
+            waiting = {r.kube_name: (r, action) for r, action in cordoned}
+            draining = [(r.kube_name or "", frozenset(r.pods)) for r, _ in cordoned]
+            for name, result in removing.finish_all(draining):
+                removal, action = waiting[name]
+                cordoned.remove((removal, action))
                 outcome.actions.append(self._settle(removing, removal, action, result))
         except NotLeader as lost:
             self._abandon(removing, cordoned, lost)

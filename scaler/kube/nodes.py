@@ -2,7 +2,8 @@
 
 `NodeRemoval.remove(node)` runs the three steps in order (`prepare` cordons, `finish`
 drains and deletes, so a caller removing several nodes cordons them all before the first
-drain, and `finish` skips a node pods arrived on since the caller checked it) and each is
+drain, then drains them together with `finish_all`, which skips a node pods arrived on
+since the caller checked it) and each is
 idempotent, so the flow resumes wherever a crash left it: a node gpuscale cordoned carries
 an annotation saying so; a drain lists what is still on the node and evicts it again; a
 node whose instance the cloud no longer holds has already been deleted. A node someone
@@ -24,7 +25,7 @@ gpuscale reads them (`read_node`, `read_pod`).
 from __future__ import annotations
 
 import time
-from collections.abc import Callable, Collection, Iterable
+from collections.abc import Callable, Collection, Iterable, Iterator, Sequence
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from enum import StrEnum
@@ -88,6 +89,13 @@ class _Held:
     group: NodeGroup
 
 
+@dataclass(frozen=True, slots=True)
+class _Draining:
+    name: str  # the Kubernetes node name
+    cloud_name: str
+    deadline: float  # on the removal's clock: pods still there then block the node
+
+
 def arrived(pods: Iterable[PodRequest], seen: frozenset[str]) -> list[str]:
     """The real pods a drain would evict that are not among `seen` (ids), sorted."""
     return sorted(p.id for p in eviction_order(pods) if not p.placeholder and p.id not in seen)
@@ -100,7 +108,7 @@ def eviction_order(pods: Iterable[PodRequest]) -> list[PodRequest]:
 
 
 class NodeRemoval:
-    """Cordon -> drain -> delete through the provider, for one node at a time. Nodes and
+    """Cordon -> drain -> delete through the provider, for a node or a pass's nodes. Nodes and
     pods are read as `read_node` and `read_pod` read them, with `names`' conventions."""
 
     def __init__(
@@ -141,12 +149,57 @@ class NodeRemoval:
         return None
 
     def finish(self, node_name: str, seen: frozenset[str] | None = None) -> RemovalOutcome:
-        """Drain a node `prepare` cordoned and have the provider delete it. Its pods are
-        read again first: a real pod not among `seen` (the pods the scale-down check found
-        room for; None: no check to hold the node to) arrived since, and nothing checked
-        that it fits elsewhere, so the node is SKIPPED, still cordoned, for the caller to
-        uncordon. The refusals are checked again too: another removal of the pass may
-        have brought the group to its min size."""
+        """Drain and delete one node `prepare` cordoned (`finish_all` of it alone). Raises
+        KubeError or ProviderError when the API server or the provider cannot answer."""
+        ((_, outcome),) = self.finish_all([(node_name, seen)])
+        if isinstance(outcome, Exception):
+            raise outcome
+        return outcome
+
+    def finish_all(
+        self, nodes: Sequence[tuple[str, frozenset[str] | None]]
+    ) -> Iterator[tuple[str, RemovalOutcome | KubeError | ProviderError]]:
+        """Drain the nodes `prepare` cordoned, all at once, and have the provider delete
+        each as soon as it is empty; yields each node with how it ended, in the order they
+        end (an API or provider error ends only that node's removal).
+
+        Each node's pods are read again first: a real pod not among its `seen` (the pods
+        the scale-down check found room for; None: no check to hold the node to) arrived
+        since, and nothing checked that it fits elsewhere, so the node is SKIPPED, still
+        cordoned, for the caller to uncordon. The drains then go in rounds: every node
+        still draining is listed and its pods evicted, then one `poll_s` wait serves them
+        all, so a pass of several nodes whose evictions a budget holds back lasts one
+        `timeout_s`, not one per node. The refusals are checked again right before each
+        delete: another removal of the pass may have brought the group to its min size."""
+        draining: list[_Draining] = []
+        for node_name, seen in nodes:
+            try:
+                started = self._start_drain(node_name, seen)
+            except (KubeError, ProviderError) as exc:
+                yield node_name, exc
+                continue
+            if isinstance(started, RemovalOutcome):
+                yield node_name, started
+            else:
+                draining.append(started)
+        while draining:
+            still: list[_Draining] = []
+            for node in draining:
+                try:
+                    ended = self._drain_round(node)
+                except (KubeError, ProviderError) as exc:
+                    ended = exc
+                if ended is None:
+                    still.append(node)
+                else:
+                    yield node.name, ended
+            draining = still
+            if draining:
+                self._sleep(self.settings.poll_s)
+
+    def _start_drain(
+        self, node_name: str, seen: frozenset[str] | None
+    ) -> _Draining | RemovalOutcome:
         found = self._group_of(node_name)
         if isinstance(found, RemovalOutcome):
             return found
@@ -155,27 +208,62 @@ class NodeRemoval:
             return RemovalOutcome(
                 node_name, RemovalStatus.SKIPPED, why + ", ".join(new), found.cloud_name
             )
-        blocking = self.drain(node_name)
-        if blocking:
-            names = ", ".join(f"{b.namespace}/{b.name}" for b in blocking)
-            return RemovalOutcome(
-                node_name,
-                RemovalStatus.BLOCKED,
-                # Each blocking pod says why: a refused eviction, or no drain may take it.
-                f"pods would not leave (drain timeout {self.settings.timeout_s:g} s): {names}",
-                found.cloud_name,
-                blocking,
-            )
+        return _Draining(node_name, found.cloud_name, self._clock() + self.settings.timeout_s)
+
+    def _drain_round(self, node: _Draining) -> RemovalOutcome | None:
+        """Evict what is still on the node: None while pods are leaving, else how its
+        removal ended (deleted once empty; blocked by a pod no drain may take, at once, or
+        by pods still there at the timeout)."""
+        pods = eviction_order(self._pods_on(node.name))
+        if not pods:
+            return self._delete(node)
+        # Evicting the others first would only disrupt them: the node cannot go anyway.
+        budgets = system_budgets(self._api, pods)
+        kept = [
+            BlockingPod(p.namespace, p.name, why)
+            for p, why in undrainable(pods, self.settings.rules, budgets)
+        ]
+        if kept:
+            return self._blocked(node, kept)
         self._may_act()
-        group = found.group
-        try:
-            group.delete_nodes([found.cloud_name])
-        except ProviderError as exc:
-            return RemovalOutcome(node_name, RemovalStatus.REFUSED, str(exc), found.cloud_name)
+        blocking = [b for b in map(self._evict, pods) if b is not None]
+        if self._clock() < node.deadline:
+            return None
+        going = {(b.namespace, b.name) for b in blocking}
+        return self._blocked(
+            node,
+            blocking
+            + [
+                BlockingPod(p.namespace, p.name, "still terminating")
+                for p in self._pods_left(node.name, pods)
+                if (p.namespace, p.name) not in going
+            ],
+        )
+
+    def _blocked(self, node: _Draining, blocking: Sequence[BlockingPod]) -> RemovalOutcome:
+        names = ", ".join(f"{b.namespace}/{b.name}" for b in blocking)
         return RemovalOutcome(
-            node_name,
+            node.name,
+            RemovalStatus.BLOCKED,
+            # Each blocking pod says why: a refused eviction, or no drain may take it.
+            f"pods would not leave (drain timeout {self.settings.timeout_s:g} s): {names}",
+            node.cloud_name,
+            tuple(blocking),
+        )
+
+    def _delete(self, node: _Draining) -> RemovalOutcome:
+        found = self._group_of(node.name)
+        if isinstance(found, RemovalOutcome):
+            return found
+        self._may_act()
+        try:
+            found.group.delete_nodes([found.cloud_name])
+        except ProviderError as exc:
+            return RemovalOutcome(node.name, RemovalStatus.REFUSED, str(exc), found.cloud_name)
+        return RemovalOutcome(
+            node.name,
             RemovalStatus.REMOVED,
-            f"deleted from node group {group.id()}",
+            f"deleted from node group {found.group.id()}",
             found.cloud_name,
         )
 
@@ -245,33 +333,6 @@ class NodeRemoval:
             "spec": {"unschedulable": None},
         }
         self._patch_node(node_name, body, "uncordon")
-
-    def drain(self, node_name: str) -> tuple[BlockingPod, ...]:
-        """Evict until nothing movable is left on the node; the pods still there at the
-        timeout, with why. Empty: drained."""
-        deadline = self._clock() + self.settings.timeout_s
-        while True:
-            pods = eviction_order(self._pods_on(node_name))
-            if not pods:
-                return ()
-            # Evicting the others first would only disrupt them: the node cannot go anyway.
-            budgets = system_budgets(self._api, pods)
-            kept = [
-                BlockingPod(p.namespace, p.name, why)
-                for p, why in undrainable(pods, self.settings.rules, budgets)
-            ]
-            if kept:
-                return tuple(kept)
-            self._may_act()
-            blocking = [b for b in map(self._evict, pods) if b is not None]
-            if self._clock() >= deadline:
-                going = {(b.namespace, b.name) for b in blocking}
-                return tuple(blocking) + tuple(
-                    BlockingPod(p.namespace, p.name, "still terminating")
-                    for p in self._pods_left(node_name, pods)
-                    if (p.namespace, p.name) not in going
-                )
-            self._sleep(self.settings.poll_s)
 
     # ---- API calls ---------------------------------------------------------------------
     def _read_node(self, name: str) -> NodeFacts | None:
