@@ -865,6 +865,18 @@ def test_alert_rules_fire_on_the_metrics_the_code_exports(tmp_path: Path) -> Non
     assert tested.returncode == 0, tested.stdout + tested.stderr
 
 
+def test_alert_and_dashboard_count_pending_gpus_as_the_collector_does() -> None:
+    """Pending GPUs on the alert and the dashboard are the collector's `pending` query
+    (init containers, MIG instances, placeholders by label), not a copy that drifts."""
+    from predictor.telemetry.config import pod_gpu_requests
+
+    pending = pod_gpu_requests("Pending")
+    groups = yaml.safe_load((ROOT / "deploy" / "prometheus" / "alerts.yaml").read_text())
+    rules = {r["alert"]: r for g in groups["groups"] for r in g["rules"] if "alert" in r}
+    assert rules["GpuscalePodsWaitingForCapacity"]["expr"] == f"({pending}) > 0"
+    assert pending in _dashboard_queries()
+
+
 def test_alerts_and_dashboard_use_only_metrics_the_code_exports() -> None:
     exported = set()
     for path in [*ROOT.joinpath("scaler").rglob("*.py"), *ROOT.joinpath("predictor").rglob("*.py")]:

@@ -4,6 +4,16 @@ Environment variables override the file: `GPUSCALE_INTERVAL_S=30`,
 `GPUSCALE_PROMETHEUS__URL=http://prometheus:9090` (nested fields joined by `__`). A source
 is sampled when its section is present. An invalid value is reported as an `InputError`
 that names the file and the field, so a bad config never reaches a running loop.
+
+The Prometheus source's default demand series (`gpu_demand`, `running`, `pending`, one
+`cluster` series each) read kube-state-metrics and count a pod as the Kubernetes source
+does (`kube_objects.pod_requests` and `mig_gpus`): per resource, its containers' requests
+summed or its largest init container's if more; a MIG instance of N compute slices as N/7
+of a GPU; gpuscale's placeholders left out, by their namespace and, where
+kube-state-metrics exports pod labels (its `--metric-labels-allowlist` naming the
+placeholder label keys), by those labels. One difference remains: a pod sharing a GPU
+(the GPU-share annotation) is counted whole, since PromQL cannot turn an annotation's
+value into a number.
 """
 
 from __future__ import annotations
@@ -16,7 +26,7 @@ from urllib.parse import urlsplit
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
 from predictor.foundation.config_files import FileSettings, load_model
-from predictor.telemetry.kube_objects import KUBE_NAMES
+from predictor.telemetry.kube_objects import KUBE_NAMES, MIG_COMPUTE_SLICES, MIG_PROFILE_STARTS
 from predictor.telemetry.sources import RetryPolicy
 
 # DCGM exporter series carry pod labels that come and go with the pods on a GPU; keeping
@@ -28,24 +38,76 @@ _GPU_LABELS = "Hostname, gpu, UUID, modelName"
 # counting them would make the scaler chase its own pre-positioned capacity.
 PLACEHOLDER_NAMESPACE = "gpuscale-system"
 
+# kube-state-metrics' request families: a pod's containers, and its init containers (which
+# run one at a time before the others, so the largest of them counts, not their sum).
+_CONTAINER_REQUESTS = "kube_pod_container_resource_requests"
+_INIT_REQUESTS = "kube_pod_init_container_resource_requests"
+
 # Bounds that keep the grid's arithmetic within pandas' timestamps (a backfill_s of 1e11
 # was an OutOfBoundsTimedelta traceback at start) and the backfill within reason.
 MAX_INTERVAL_S = 24 * 3600
 MAX_BACKFILL_S = 366 * 24 * 3600
 
 
-def pod_gpu_requests(phases: str, exclude_namespace: str = PLACEHOLDER_NAMESPACE) -> str:
-    """PromQL: GPUs requested by pods whose phase matches the regex `phases`, summed over
-    the cluster (kube-state-metrics), leaving out the placeholders' namespace. The `or`
-    branch yields 0 only while kube-state-metrics is being scraped and no such pod exists,
-    so its outage stays a gap, never a 0."""
-    # kube-state-metrics names a resource with its non-alphanumerics as underscores.
-    resource = re.sub(r"[^a-zA-Z0-9]", "_", KUBE_NAMES.gpu_resource)
+def _ksm_name(name: str) -> str:
+    """How kube-state-metrics spells a Kubernetes name in a label name or value (a resource,
+    `label_<key>` of kube_pod_labels): every character but letters, digits and underscores
+    as an underscore, so nvidia.com/mig-3g.40gb is nvidia_com_mig_3g_40gb."""
+    return re.sub(r"[^a-zA-Z0-9_]", "_", name)
+
+
+def _in_gpus(metric: str) -> str:
+    """PromQL: the series of `metric` (a kube-state-metrics request family) that ask GPUs,
+    in GPU equivalents: the GPU resource whole, a MIG instance of N compute slices as N/7
+    (`mig_gpus`' rule, from its constants). A union: the branches never share a resource."""
+    whole = f'{metric}{{resource="{_ksm_name(KUBE_NAMES.gpu_resource)}"}}'
+    mig = (
+        f'{metric}{{resource=~"{_ksm_name(KUBE_NAMES.mig_resource_prefix + start)}.*"}}'
+        f" * {slices} / {MIG_COMPUTE_SLICES}"
+        for slices, start in MIG_PROFILE_STARTS
+    )
+    return " or ".join((whole, *mig))
+
+
+def _pod_gpus() -> str:
+    """PromQL: GPU equivalents per pod and resource, as `pod_requests` counts them: its
+    containers' requests summed, or its largest init container's if more. Each side is
+    labelled apart first: `or` drops a right-hand series whose labels a left-hand one has,
+    and a comparison drops a pod missing on either side."""
+    containers = f"sum by (namespace, pod, resource) ({_in_gpus(_CONTAINER_REQUESTS)})"
+    init = f"max by (namespace, pod, resource) ({_in_gpus(_INIT_REQUESTS)})"
     return (
-        f'sum(kube_pod_container_resource_requests{{resource="{resource}",'
-        f'namespace!="{exclude_namespace}"}}'
-        " * on (namespace, pod) group_left ()"
-        f' max by (namespace, pod) (kube_pod_status_phase{{phase=~"{phases}"}} == 1))'
+        "max by (namespace, pod, resource) ("
+        f'label_replace({containers}, "part", "containers", "", "")'
+        f' or label_replace({init}, "part", "init", "", ""))'
+    )
+
+
+def _counted_pods(phases: str, exclude_namespace: str) -> str:
+    """PromQL: 1 per pod whose phase matches `phases`, but gpuscale's placeholders: those
+    in their namespace, and those with the placeholder labels where kube-state-metrics
+    exports them (kube_pod_labels has `label_<key>` only for keys its
+    --metric-labels-allowlist names; where it has none, or no kube_pod_labels at all, the
+    `unless` drops nothing)."""
+    placeholder = ", ".join(
+        f'label_{_ksm_name(key)}="{value}"' for key, value in KUBE_NAMES.placeholder_labels
+    )
+    return (
+        f'max by (namespace, pod) (kube_pod_status_phase{{phase=~"{phases}",'
+        f'namespace!="{exclude_namespace}"}} == 1)'
+        f" unless on (namespace, pod) kube_pod_labels{{{placeholder}}}"
+    )
+
+
+def pod_gpu_requests(phases: str, exclude_namespace: str = PLACEHOLDER_NAMESPACE) -> str:
+    """PromQL: GPUs asked by pods whose phase matches the regex `phases`, summed over the
+    cluster (kube-state-metrics), counted as the Kubernetes source counts them (init
+    containers, MIG instances, placeholders left out) but for a shared GPU, counted whole
+    (see the module docstring). The `or` branch yields 0 only while kube-state-metrics is
+    being scraped and no such pod exists, so its outage stays a gap, never a 0."""
+    return (
+        f"sum({_pod_gpus()} * on (namespace, pod) group_left ()"
+        f" ({_counted_pods(phases, exclude_namespace)}))"
         " or on () (0 * count(kube_pod_status_phase))"
     )
 

@@ -31,7 +31,6 @@ else the configured domains of its GPU model) and its rack label.
 
 from __future__ import annotations
 
-import re
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from decimal import Decimal
@@ -50,7 +49,11 @@ SAFE_TO_EVICT_LOCAL_VOLUMES_ANNOTATION = (
 FINISHED_PHASES = ("Succeeded", "Failed")
 MIB = 2**20
 MIG_COMPUTE_SLICES = 7  # of an A100, H100, H200 or B200: a `3g` profile holds 3 of them
-_MIG_COMPUTE_IN_PROFILE = re.compile(r"^([1-7])g\.")
+# How a MIG profile's name starts for each count of compute slices it holds ("3g." for
+# 3g.40gb): the one rule `mig_gpus` and the Prometheus demand queries both count by.
+MIG_PROFILE_STARTS: tuple[tuple[int, str], ...] = tuple(
+    (slices, f"{slices}g.") for slices in range(1, MIG_COMPUTE_SLICES + 1)
+)
 # Kueue's topology-aware scheduling: the node label whose value a pod set must share.
 REQUIRED_TOPOLOGY_ANNOTATION = "kueue.x-k8s.io/podset-required-topology"
 PREFERRED_TOPOLOGY_ANNOTATION = "kueue.x-k8s.io/podset-preferred-topology"
@@ -112,9 +115,9 @@ def mig_gpus(instances: Iterable[tuple[str, int]]) -> float:
     too, so under-counted."""
     total = 0.0
     for profile, count in instances:
-        match = _MIG_COMPUTE_IN_PROFILE.match(profile)
-        if match:
-            total += count * int(match.group(1)) / MIG_COMPUTE_SLICES
+        for slices, start in MIG_PROFILE_STARTS:
+            if profile.startswith(start):
+                total += count * slices / MIG_COMPUTE_SLICES
     return total
 
 
