@@ -307,7 +307,8 @@ def node_pool_admission(obj: Obj, old: Obj | None) -> None:
 
 def workload_admission(obj: Obj, old: Obj | None) -> None:
     """kueue.x-k8s.io/v1beta1 Workload: 1 to 8 pod sets, each with a template and a count
-    >= 0 (1 by default), named "main" by default."""
+    >= 0 (1 by default), named "main" by default, a minCount from 1 to count; a Workload
+    holding quota (QuotaReserved) with an admission assigns every pod set."""
     pod_sets = obj.get("spec", {}).get("podSets")
     if not isinstance(pod_sets, list) or not 1 <= len(pod_sets) <= 8:
         raise _invalid("Workload", obj, "spec.podSets: 1 to 8 items required")
@@ -317,6 +318,21 @@ def workload_admission(obj: Obj, old: Obj | None) -> None:
         if not isinstance(pod_set.get("template"), dict):
             raise _invalid("Workload", obj, f"spec.podSets[{i}].template: Required value")
         _count(obj, "Workload", f"spec.podSets[{i}].count", pod_set["count"])
+        least = pod_set.get("minCount")
+        if least is not None and not (isinstance(least, int) and 1 <= least <= pod_set["count"]):
+            raise _invalid(
+                "Workload", obj, "minCount should be positive and less or equal to count"
+            )
+    status = obj.get("status") or {}
+    reserved = any(
+        c.get("type") == "QuotaReserved" and c.get("status") == "True"
+        for c in status.get("conditions") or []
+    )
+    assigned = (status.get("admission") or {}).get("podSetAssignments")
+    if reserved and "admission" in status and len(assigned or []) != len(pod_sets):
+        raise _invalid(
+            "Workload", obj, "podSetAssignments must have the same number of podSets as the spec"
+        )
 
 
 def cluster_queue_admission(obj: Obj, old: Obj | None) -> None:

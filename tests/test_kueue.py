@@ -74,8 +74,10 @@ def workload(
     **spec: Any,
 ) -> dict:
     """A Workload of (name, count, template) pod sets submitted to LocalQueue `queue`;
-    `flavor`: its quota is reserved on that flavor (status.admission); `conditions`: those
-    that hold."""
+    `flavor`: its quota is reserved on that flavor (status.admission, QuotaReserved);
+    `conditions`: those that hold."""
+    if flavor is not None:
+        conditions = ("QuotaReserved", *conditions)
     status: dict[str, Any] = {
         "conditions": [{"type": c, "status": "True", "reason": c} for c in conditions]
     }
@@ -132,6 +134,20 @@ def test_a_pending_workload_targets_its_flavors_pools_and_an_admitted_one_is_lef
         workload("f", [("main", 1, template(8))], active=False),
     ):
         assert queued_pod_sets(done, flavors) == ()
+
+
+def test_a_partially_admitted_pod_set_counts_the_pods_its_quota_holds() -> None:
+    """Partial admission: 4 workers asked, at least 2 (minCount); the quota reserved holds
+    2 (podSetAssignments[].count), so the job will run 2 pods, not 4."""
+    partial = workload("train", [("workers", 4, template(8))], flavor="a100-flavor")
+    partial["spec"]["podSets"][0]["minCount"] = 2
+    partial["status"]["admission"]["podSetAssignments"][0]["count"] = 2
+    (pod_set,) = queued_pod_sets(partial, read_queues(FLAVORS))
+    assert (pod_set.count, pod_set.gpus) == (2, 16.0)
+    # Waiting for quota, the whole count is asked first.
+    waiting = workload("wait", [("workers", 4, template(8))])
+    waiting["spec"]["podSets"][0]["minCount"] = 2
+    assert queued_pod_sets(waiting, read_queues(FLAVORS))[0].count == 4
 
 
 def test_a_workload_is_one_gang_of_its_pods_jobs() -> None:
@@ -423,6 +439,7 @@ def test_a_pending_mig_workload_counts_in_gpu_equivalents(fake: FakeKube, kueue_
     the collector's pending demand and the live loop's queued GPUs both grow by 6/7 of a
     GPU (each 3g holds 3 of a GPU's 7 compute slices), as the two pods would count."""
     mig = workload("tune", [("workers", 2, mig_template("3g.40gb", 1))])
+    mig["status"]["conditions"] = [{"type": "QuotaReserved", "status": "True", "reason": "R"}]
     mig["status"]["admission"] = {
         "clusterQueue": "gpus",
         "podSetAssignments": [{"name": "workers", "flavors": {"nvidia.com/mig-3g.40gb":

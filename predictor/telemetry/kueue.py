@@ -9,8 +9,11 @@ the pod, and the pod set targets pools as the pod would:
 - a pod set whose quota is reserved (`status.admission`: flavors assigned while admission
   checks, such as a ProvisioningRequest, still wait) targets the node labels of the
   ResourceFlavor its GPU resource was assigned (`spec.nodeLabels`, merged into its node
-  selector) and tolerates that flavor's tolerations, as Kueue will make its pods;
-- a pod set still waiting for quota targets the flavor Kueue would try first: the
+  selector) and tolerates that flavor's tolerations, as Kueue will make its pods; it counts
+  the pods reserved (`podSetAssignments[].count`, fewer than `count` when partial
+  admission took `minCount` or more), else `count`;
+- a pod set still waiting for quota counts `count` (Kueue tries the whole count before
+  a partial admission's smaller ones) and targets the flavor Kueue would try first: the
   Workload's LocalQueue (`spec.queueName`, in its namespace) names a ClusterQueue
   (`spec.clusterQueue`), whose resource groups list flavors in order
   (`spec.resourceGroups[].flavors[]`); the first of them with a nominal quota above zero of
@@ -271,6 +274,10 @@ def queued_pod_sets(
     for pod_set in map(_map, _list(_map(workload.get("spec")).get("podSets"))):
         set_name = str(pod_set.get("name") or "main")
         count = int(pod_set.get("count", 1) or 0)
+        if set_name in assigned and assigned[set_name].get("count") is not None:
+            # Partial admission (minCount) reserves fewer pods than asked; the job is
+            # scaled down to the reserved count before its pods are made.
+            count = int(assigned[set_name]["count"])
         if count <= 0:
             continue
         pod = _pod(namespace, f"{name}-{set_name}", _map(pod_set.get("template")), pod_set)
