@@ -1,11 +1,12 @@
 """Pre-positioning through CapacityBuffers: the node autoscaler holds the spare capacity.
 
-Cluster Autoscaler (1.34+, its capacity buffer controller enabled) and Karpenter (its
-CapacityBuffer feature gate) read `CapacityBuffer` objects (autoscaling.x-k8s.io/v1beta1)
-and keep room for `replicas` chunks shaped by the PodTemplate the buffer refers to, as if
-that many such pods were pending: they are virtual pods, injected into the autoscaler's
-own simulation, so no pod occupies a node and a real pod takes the room as it takes any
-free capacity. `limits` caps the chunks' total requests (kubernetes/autoscaler,
+Cluster Autoscaler (1.35+: 1.34 serves only v1alpha1; its capacity buffer controller and
+pod injection enabled) and Karpenter (its CapacityBuffer feature gate) read
+`CapacityBuffer` objects (autoscaling.x-k8s.io/v1beta1) and keep room for `replicas`
+chunks shaped by the PodTemplate the buffer refers to, as if that many such pods were
+pending: they are virtual pods, injected into the autoscaler's own simulation, so no pod
+occupies a node and a real pod takes the room as it takes any free capacity. `limits`
+caps the chunks' total requests (kubernetes/autoscaler,
 cluster-autoscaler/proposals/buffers.md).
 
 gpuscale owns, per pool, one PodTemplate `gpuscale-buffer-<pool>` shaped like one unit of
