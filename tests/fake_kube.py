@@ -335,10 +335,20 @@ def workload_admission(obj: Obj, old: Obj | None) -> None:
         )
 
 
+def _stop_policy(kind: str, obj: Obj) -> None:
+    """A queue's spec.stopPolicy: None by default, else Hold or HoldAndDrain."""
+    spec = obj.setdefault("spec", {})
+    spec.setdefault("stopPolicy", "None")
+    if spec["stopPolicy"] not in ("None", "Hold", "HoldAndDrain"):
+        raise _invalid(kind, obj, f"spec.stopPolicy: Unsupported value: {spec['stopPolicy']!r}")
+
+
 def cluster_queue_admission(obj: Obj, old: Obj | None) -> None:
     """kueue.x-k8s.io/v1beta1 ClusterQueue: each resource group covers 1 or more resources
     and lists 1 or more flavors, each with as many resource quotas as the group covers (the
-    CRD's validation rule; Kueue's webhook also wants them in the same order)."""
+    CRD's validation rule; Kueue's webhook also wants them in the same order); stopPolicy
+    defaulted."""
+    _stop_policy("ClusterQueue", obj)
     for i, group in enumerate(obj.get("spec", {}).get("resourceGroups") or []):
         covered = group.get("coveredResources") or []
         flavors = group.get("flavors") or []
@@ -357,7 +367,9 @@ def cluster_queue_admission(obj: Obj, old: Obj | None) -> None:
 
 
 def local_queue_admission(obj: Obj, old: Obj | None) -> None:
-    """kueue.x-k8s.io/v1beta1 LocalQueue: spec.clusterQueue cannot change once set."""
+    """kueue.x-k8s.io/v1beta1 LocalQueue: spec.clusterQueue cannot change once set;
+    stopPolicy defaulted."""
+    _stop_policy("LocalQueue", obj)
     before = (old or {}).get("spec", {}).get("clusterQueue")
     if before and obj.get("spec", {}).get("clusterQueue") != before:
         raise _invalid("LocalQueue", obj, "spec.clusterQueue: field is immutable")

@@ -269,6 +269,32 @@ def test_a_quota_waiting_workload_goes_to_the_first_flavor_of_its_queue_that_fit
     assert cpu.pod.wanted_pool is None and cpu.queue_problem is None
 
 
+def test_a_workload_in_a_stopped_queue_is_not_demand() -> None:
+    """A ClusterQueue or LocalQueue with stopPolicy Hold or HoldAndDrain reserves no quota
+    and cancels reservations not yet admitted: its Workloads, waiting or reserved, are
+    not pending demand; a queue with stopPolicy None is."""
+    group = (GPU_GROUP, [("a100-flavor", ["96", "1Ti", "64"])])
+    running, held = cluster_queue("gpus", group), cluster_queue("held", group)
+    running["spec"]["stopPolicy"] = "None"  # the CRD's default
+    held["spec"]["stopPolicy"] = "Hold"
+    drained = local_queue("drained", "gpus")
+    drained["spec"]["stopPolicy"] = "HoldAndDrain"
+    queues = read_queues(
+        FLAVORS,
+        [local_queue("team-a", "gpus"), local_queue("team-h", "held"), drained],
+        [running, held],
+    )
+    assert queued_pod_sets(workload("go", [("main", 1, template(8))]), queues)[0].gpus == 8.0
+    for stopped in (
+        workload("a", [("main", 1, template(8))], queue="team-h"),
+        workload("b", [("main", 1, template(8))], queue="drained"),
+        workload("c", [("main", 1, template(8))], queue="team-h", flavor="a100-flavor"),
+    ):
+        if "admission" in stopped["status"]:
+            stopped["status"]["admission"]["clusterQueue"] = "held"
+        assert queued_pod_sets(stopped, queues) == ()
+
+
 # ---- the collector ------------------------------------------------------------------------
 
 

@@ -30,10 +30,13 @@ fungibility, before borrowing or preempting), which depends on the usage of ever
 the cohort; a flavor that only borrows (nominal quota zero) is passed over, and taints a
 flavor's nodes carry are not checked against the template.
 
-Pending means neither Admitted nor Finished, and active (`spec.active` not false). An
-admitted Workload is left out: its pods exist, or are being made, and are counted as pods,
-so nothing is counted twice. A Workload's pod sets are admitted together (all or nothing),
-and its podset topology request is read as Kueue's podset topology annotations are.
+Pending means neither Admitted nor Finished, and active (`spec.active` not false), in
+queues that are not stopped: a LocalQueue or ClusterQueue whose `spec.stopPolicy` is Hold
+or HoldAndDrain reserves no quota and cancels reservations not yet admitted, so its
+Workloads wait until someone restarts it. An admitted Workload is left out: its pods
+exist, or are being made, and are counted as pods, so nothing is counted twice. A
+Workload's pod sets are admitted together (all or nothing), and its podset topology
+request is read as Kueue's podset topology annotations are.
 """
 
 from __future__ import annotations
@@ -79,11 +82,14 @@ class Queues:
     """Where Kueue's objects say a Workload's pods may go: the ResourceFlavors by name,
     each LocalQueue's ClusterQueue (by `namespace/name`), and per ClusterQueue, per
     resource, the flavors that hold a nominal quota of it above zero, in the order its
-    resource groups list them."""
+    resource groups list them; the queues that are stopped (`spec.stopPolicy` Hold or
+    HoldAndDrain), a LocalQueue by `namespace/name`, a ClusterQueue by its name (which
+    has no `/`)."""
 
     flavors: Mapping[str, Flavor] = field(default_factory=dict)
     local_queues: Mapping[str, str] = field(default_factory=dict)
     cluster_queues: Mapping[str, Mapping[str, tuple[str, ...]]] = field(default_factory=dict)
+    stopped: frozenset[str] = frozenset()
 
 
 @dataclass(frozen=True, slots=True)
@@ -153,16 +159,35 @@ def read_queues(
 ) -> Queues:
     """ResourceFlavors, LocalQueues and ClusterQueues (JSON form), read as `Queues`."""
     local = {}
+    stopped = set()
     for obj in local_queues:
         namespace = str(_map(obj.get("metadata")).get("namespace") or "default")
+        key = f"{namespace}/{_name(obj)}"
         target = _map(obj.get("spec")).get("clusterQueue")
         if target:
-            local[f"{namespace}/{_name(obj)}"] = str(target)
+            local[key] = str(target)
+        if _is_stopped(obj):
+            stopped.add(key)
+    cluster = list(cluster_queues)
     return Queues(
         flavors=read_flavors(flavors),
         local_queues=local,
-        cluster_queues={_name(obj): _flavors_by_resource(obj) for obj in cluster_queues},
+        cluster_queues={_name(obj): _flavors_by_resource(obj) for obj in cluster},
+        stopped=frozenset(stopped | {_name(obj) for obj in cluster if _is_stopped(obj)}),
     )
+
+
+def _is_stopped(queue: Mapping[str, Any]) -> bool:
+    return _map(queue.get("spec")).get("stopPolicy") not in (None, "None")
+
+
+def _held(workload: Mapping[str, Any], namespace: str, queues: Queues) -> bool:
+    """Its LocalQueue, or the ClusterQueue that holds or would hold its quota, is stopped:
+    Kueue reserves no quota there and cancels a reservation not yet admitted."""
+    local = f"{namespace}/{_map(workload.get('spec')).get('queueName') or ''}"
+    reserved_on = _map(_map(workload.get("status")).get("admission")).get("clusterQueue")
+    cluster = str(reserved_on or queues.local_queues.get(local) or "")
+    return local in queues.stopped or cluster in queues.stopped
 
 
 def is_pending(workload: Mapping[str, Any]) -> bool:
@@ -265,6 +290,8 @@ def queued_pod_sets(
     meta = _map(workload.get("metadata"))
     namespace = str(meta.get("namespace") or "default")
     name = str(meta.get("name") or "")
+    if _held(workload, namespace, queues):
+        return ()
     admission = _map(_map(workload.get("status")).get("admission"))
     assigned = {
         str(_map(a).get("name") or "main"): _map(a)
