@@ -4,6 +4,7 @@ once admitted and its pods run, they are counted once, as pods."""
 
 from __future__ import annotations
 
+import copy
 import logging
 import time
 from collections.abc import Iterator
@@ -267,6 +268,37 @@ def test_a_quota_waiting_workload_goes_to_the_first_flavor_of_its_queue_that_fit
     # A pod set asking no GPU has nothing to target through the queue.
     (cpu,) = queued_pod_sets(workload("cpu", [("main", 1, template(0))]), queues)
     assert cpu.pod.wanted_pool is None and cpu.queue_problem is None
+
+
+def test_a_flavor_whose_node_taints_the_pod_set_does_not_tolerate_is_passed_over() -> None:
+    """Kueue's flavor assigner skips a flavor with a NoSchedule or NoExecute nodeTaint that
+    neither the template nor the flavor's tolerations tolerate: a pod set without the
+    toleration goes on to a100; one tolerating it, or a flavor tolerating its own taint,
+    stays on h100. A PreferNoSchedule taint keeps no one out."""
+    taint = {"key": "reserved", "value": "research", "effect": "NoSchedule"}
+    tainted = {"metadata": {"name": "h100-flavor"}, "spec": {"nodeLabels": {POOL: "h100"}}}
+
+    def queues(taints: list[dict], tolerations: tuple[dict, ...] = ()) -> Any:
+        flavor = copy.deepcopy(tainted)
+        flavor["spec"] |= {"nodeTaints": taints, "tolerations": list(tolerations)}
+        group = (
+            GPU_GROUP,
+            [("h100-flavor", ["96", "1Ti", "32"]), ("a100-flavor", ["96", "1Ti", "64"])],
+        )
+        return read_queues(
+            [flavor, FLAVORS[0]], [local_queue("team-a", "gpus")], [cluster_queue("gpus", group)]
+        )
+
+    def pool_of(made: Any, spec: dict) -> str | None:
+        return queued_pod_sets(workload("w", [("main", 1, spec)]), made)[0].pod.wanted_pool
+
+    plain = template(8)
+    tolerant = template(8)
+    tolerant["spec"]["tolerations"] = [{"key": "reserved", "operator": "Exists"}]
+    assert pool_of(queues([taint]), plain) == "a100"
+    assert pool_of(queues([taint]), tolerant) == "h100"
+    assert pool_of(queues([taint], ({"key": "reserved", "operator": "Exists"},)), plain) == "h100"
+    assert pool_of(queues([taint | {"effect": "PreferNoSchedule"}]), plain) == "h100"
 
 
 def test_a_workload_in_a_stopped_queue_is_not_demand() -> None:

@@ -19,7 +19,8 @@ the pod, and the pod set targets pools as the pod would:
   (`spec.resourceGroups[].flavors[]`); the first of them with a nominal quota above zero of
   every GPU resource the pod set asks (the GPU resource, each MIG resource), that exists,
   whose `nodeLabels` name a pool (the pool label) and agree with the template's node
-  selector is taken as above;
+  selector, and whose `nodeTaints` (NoSchedule, NoExecute) the template's or the flavor's
+  tolerations tolerate is taken as above;
 - otherwise (no GPU asked, no such queue or flavor) the pool its template's node selector
   or node affinity names, else any pool; why the queue did not say is the pod set's
   `queue_problem`, which the collector logs once (`ProblemLog`).
@@ -27,8 +28,7 @@ the pod, and the pod set targets pools as the pod would:
 The queue's flavor is the one Kueue tries first, not necessarily the one it will reserve:
 Kueue moves on to the next flavor when the first lacks free quota (or, with flavor
 fungibility, before borrowing or preempting), which depends on the usage of every queue in
-the cohort; a flavor that only borrows (nominal quota zero) is passed over, and taints a
-flavor's nodes carry are not checked against the template.
+the cohort; a flavor that only borrows (nominal quota zero) is passed over.
 
 Pending means neither Admitted nor Finished, and active (`spec.active` not false), in
 queues that are not stopped: a LocalQueue or ClusterQueue whose `spec.stopPolicy` is Hold
@@ -56,6 +56,8 @@ from predictor.telemetry.kube_objects import (
     REQUIRED_TOPOLOGY_ANNOTATION,
     KubeNames,
     PodRequest,
+    Taint,
+    Toleration,
     read_pod,
 )
 
@@ -71,10 +73,22 @@ CLUSTER_QUEUES = "clusterqueues"
 
 @dataclass(frozen=True, slots=True)
 class Flavor:
-    """Where a ResourceFlavor puts pods: the node labels it selects, the taints it tolerates."""
+    """Where a ResourceFlavor puts pods: the node labels it selects, the taints it tolerates,
+    the taints its nodes carry (`nodeTaints`, NoSchedule or NoExecute)."""
 
     node_labels: Mapping[str, str]
     tolerations: tuple[Mapping[str, Any], ...] = ()
+    node_taints: tuple[Taint, ...] = ()
+
+    def admits(self, pod: PodRequest) -> bool:
+        """Kueue's flavor assigner passes over a flavor with a node taint that neither the
+        pod set nor the flavor tolerates."""
+        tolerations = [
+            *pod.tolerations,
+            *(Toleration(t.get("key"), t.get("operator"), t.get("value"), t.get("effect"))
+              for t in self.tolerations),
+        ]  # fmt: skip
+        return all(any(t.tolerates(taint) for t in tolerations) for taint in self.node_taints)
 
 
 @dataclass(frozen=True, slots=True)
@@ -129,7 +143,12 @@ def read_flavors(flavors: Iterable[Mapping[str, Any]]) -> dict[str, Flavor]:
         spec = _map(obj.get("spec"))
         labels = {str(k): str(v) for k, v in _map(spec.get("nodeLabels")).items()}
         tolerations = tuple(_map(t) for t in _list(spec.get("tolerations")))
-        out[_name(obj)] = Flavor(labels, tolerations)
+        taints = tuple(
+            Taint(str(t.get("key") or ""), t.get("value"), str(t.get("effect") or ""))
+            for t in map(_map, _list(spec.get("nodeTaints")))
+            if t.get("effect") in ("NoSchedule", "NoExecute")
+        )
+        out[_name(obj)] = Flavor(labels, tolerations, taints)
     return out
 
 
@@ -239,6 +258,7 @@ def _queue_flavor(
             and all(name in quotas.get(resource, ()) for resource in asked[1:])
             and names.pool_label in flavor.node_labels
             and all(selector.get(k, v) == v for k, v in flavor.node_labels.items())
+            and flavor.admits(pod)
         ):
             return flavor, None
     return None, (
