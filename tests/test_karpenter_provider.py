@@ -62,6 +62,10 @@ def test_node_limit_bounds_the_group_and_a_dynamic_node_pool_is_refused(fake: Fa
     assert (group.min_size(), group.max_size()) == (0, 2)
     group.increase_size(3)  # as far as limits.nodes allows
     assert fake.get("nodepools", "a100")["spec"]["replicas"] == 2
+    # limits.nodes is a quantity (a ResourceList's), written however the user likes.
+    fake.patch("nodepools", "a100", {"spec": {"limits": {"nodes": "1k"}}})
+    only_a100.refresh()
+    assert group.max_size() == a100.max_size
     both = KarpenterCloud([a100, t4], settings([a100, t4]), client(fake))
     with pytest.raises(ProviderError, match="NodePool t4-spot is not static"):
         both.refresh()

@@ -25,6 +25,7 @@ Failures of the API server become `ProviderError`, as a cloud's do.
 
 from __future__ import annotations
 
+import math
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from datetime import datetime, timedelta
@@ -32,6 +33,7 @@ from http import HTTPStatus
 from typing import Any
 
 from kubernetes import client as k8s
+from kubernetes.utils import parse_quantity
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from scaler.cluster.pools import NodePool
@@ -96,8 +98,9 @@ def read_claim(obj: Mapping[str, Any]) -> _Claim:
 
 
 def _node_limit(node_pool: Mapping[str, Any]) -> int | None:
+    # limits is a ResourceList: nodes is a quantity ("2k", "1e3"), not only digits.
     limit = ((node_pool.get("spec") or {}).get("limits") or {}).get("nodes")
-    return None if limit is None else int(str(limit))
+    return None if limit is None else math.floor(parse_quantity(limit))
 
 
 class KarpenterCloud:
