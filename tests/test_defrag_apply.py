@@ -264,24 +264,38 @@ def test_the_printed_plan_names_each_move_and_what_it_frees(tmp_path: Path, fake
     assert "moves that would not be made" in out and "would be refused: HTTP 429" in out
 
 
-def test_a_dry_run_counts_no_move_of_a_unit_a_refusal_stops(
-    tmp_path: Path, fake: FakeKube, monkeypatch: pytest.MonkeyPatch
+@pytest.mark.parametrize("apply", [False, True], ids=["dry-run", "apply"])
+def test_where_the_replans_run_out_the_plan_frees_only_what_its_moves_would(
+    tmp_path: Path, fake: FakeKube, monkeypatch: pytest.MonkeyPatch, apply: bool
 ) -> None:
-    """Where the plans made again run out (here at once), the plan keeps the unit of a
-    move the dry-run eviction refused: none of its moves is one the dry run would make."""
+    """Where the plans made again run out (here at once), the unit of a move the dry-run
+    eviction refused is not started: n4, the cheapest node to empty, keeps e (its budget),
+    so n4 is not freed and n3 does not take e. The plan, its figures and the decision
+    journaled are of n1's move alone: one node idle after, not two."""
     monkeypatch.setattr("scaler.controller.defrag.REPLANS", 0)
     fragmented(fake)
-    out = run_defrag(tmp_path, fake)
-    steps = {m["job"]: m for m in out["plan"]["moves"]}
-    results = {r["job"]: r for r in out["results"]}
-    assert f"{NS}/e" in steps  # n4 is the cheapest node to empty
-    assert results[f"{NS}/e"]["status"] == "blocked"
-    assert results[f"{NS}/e"]["result"].startswith("would be refused: HTTP 429")
-    unit = steps[f"{NS}/e"]["unit"]
-    assert set(results) == {job for job, m in steps.items() if m["unit"] == unit}
-    assert evictions(fake) == []
-    printed = printed_defrag(tmp_path, fake)
-    assert f"dry run): {len(steps) - len(results)} moves;" in printed
+    out = run_defrag(tmp_path, fake, *(["--apply"] if apply else []))
+    plan = out["plan"]
+    refused = next(r for r in out["results"] if r["job"] == f"{NS}/e")
+    assert (refused["status"], refused["unit"]) == ("blocked", "node n4")
+    said = "not evicted" if apply else "would be refused"
+    assert refused["result"].startswith(f"{said}: HTTP 429")
+    assert plan["idle_nodes"] == {"before": 0, "after": 1}
+    assert plan["freed_nodes"] == ["n1"]
+    assert [(m["job"], m["frees"]) for m in plan["moves"]] == [(f"{NS}/a", "node n1")]
+    assert plan["idle_gpus"] == {"before": 19, "after": 19}
+    idle = {n["node"]: (n["idle_gpus_before"], n["idle_gpus_after"]) for n in plan["nodes"]}
+    assert idle == {"n1": (6, 8), "n2": (5, 3)}
+    shapes = {s["label"]: (s["nodes_before"], s["nodes_after"]) for s in plan["shapes"]}
+    assert shapes["mix: 8 GPUs, 64 CPU, 256 GiB"] == (0, 1)
+    assert plan["unmovable"]["its eviction was refused (a PodDisruptionBudget)"] == 1
+    (decision,) = DecisionJournal(tmp_path / "state").decisions()
+    assert decision.plan == plan
+    assert evictions(fake) == (["a"] if apply else [])
+    if not apply:
+        printed = printed_defrag(tmp_path, fake)
+        assert "dry run): 1 moves;" in printed
+        assert "nodes with every GPU idle 0 -> 1" in printed
 
 
 def test_apply_skips_what_a_budget_blocks_and_frees_what_the_plan_said(
@@ -832,6 +846,15 @@ def test_a_config_does_to_a_node_what_mig_parted_would() -> None:
 # ---------------------------------------------------------------- a stale listing
 
 
+def three_nodes(fake: FakeKube, b_gpus: int) -> None:
+    """n1: a (2 GPUs); n2: b (`b_gpus`); n3: c (4); each of its own ReplicaSet, movable."""
+    for name in ("n1", "n2", "n3"):
+        fake.create("nodes", node_json(name))
+    fake.create("pods", pod_json("a", 2, "n1", labels=MOVABLE))
+    fake.create("pods", pod_json("b", b_gpus, "n2", labels=MOVABLE, owner="rs-b"))
+    fake.create("pods", pod_json("c", 4, "n3", labels=MOVABLE, owner="rs-c"))
+
+
 def test_each_pod_is_read_again_just_before_its_eviction(tmp_path: Path, fake: FakeKube) -> None:
     """Between the listing and the evictions (the dry runs, the wait for the service to
     list the notes, the earlier evictions) pods change: n1's `a` is annotated safe-to-evict
@@ -840,12 +863,7 @@ def test_each_pod_is_read_again_just_before_its_eviction(tmp_path: Path, fake: F
     the eviction names the uid read, so it never takes another pod of that name."""
     from scaler.controller.defrag import Defragmenter
 
-    fake.create("nodes", node_json("n1"))
-    fake.create("nodes", node_json("n2"))
-    fake.create("nodes", node_json("n3"))
-    fake.create("pods", pod_json("a", 2, "n1", labels=MOVABLE))
-    fake.create("pods", pod_json("b", 1, "n2", labels=MOVABLE, owner="rs-b"))
-    fake.create("pods", pod_json("c", 4, "n3", labels=MOVABLE, owner="rs-c"))
+    three_nodes(fake, b_gpus=1)
     config = LiveConfig.model_validate(
         config_dict(tmp_path, fake) | {"placement": {"sync_s": 1, "policy": "bestfit"}}
     )
@@ -904,12 +922,7 @@ def test_a_later_pass_leaves_the_room_an_earlier_move_holds(tmp_path: Path, fake
     Pass 2 sees n2's noted GPUs free: it must neither empty n2 (the successor is on its way
     there, so n2 would not be freed and `b` would be moved for nothing) nor plan a move
     onto the GPUs the successor is to get."""
-    fake.create("nodes", node_json("n1"))
-    fake.create("nodes", node_json("n2"))
-    fake.create("nodes", node_json("n3"))
-    fake.create("pods", pod_json("a", 2, "n1", labels=MOVABLE))
-    fake.create("pods", pod_json("b", 4, "n2", labels=MOVABLE, owner="rs-b"))
-    fake.create("pods", pod_json("c", 4, "n3", labels=MOVABLE, owner="rs-c"))
+    three_nodes(fake, b_gpus=4)
     pods = {p["metadata"]["name"]: p for p in fake.objects("pods", NS)}
     first = run_defrag(tmp_path, fake, "--apply")
     (moved,) = [r for r in first["results"] if r["status"] == "done"]

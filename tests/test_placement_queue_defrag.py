@@ -6,6 +6,7 @@ import numpy as np
 import pytest
 from placement_cluster import cluster, job
 
+from scaler.controller.defrag_plan import units, without_units
 from scaler.placement import ClusterState, Job, make_policy
 from scaler.placement.defrag import DefragPlan, apply_plan, plan_defrag
 from scaler.placement.queue import QueuePolicy, admission_order, admit
@@ -142,6 +143,28 @@ def test_defrag_gpus_leaves_what_cannot_combine() -> None:
     state.bind(job("s1", 1, gpus=1, share=600), 0, (0,))
     state.bind(job("s2", 1, gpus=1, share=600), 0, (1,))
     assert plan_defrag(state, POLICY, goal="gpus", max_moves=4).moves == ()
+
+
+def test_a_plan_without_a_unit_keeps_the_others_and_what_they_free() -> None:
+    """The plan carried out when a refused eviction stops one unit: the other units' moves,
+    still valid in order, and only the nodes or GPUs they free."""
+    nodes = fragmented()
+    plan = plan_defrag(nodes, POLICY, goal="nodes", max_moves=2)
+    first, second = units(plan.moves)
+    kept = without_units(plan, {first[0]})
+    assert kept.moves == tuple(plan.moves[i] for i in second)
+    assert kept.freed_nodes == plan.freed_nodes[1:] and kept.freed_gpus == ()
+    check_plan(nodes, kept)
+    gpus = cluster(("a", 32, 128, 2, "T4"), ("b", 32, 128, 2, "T4"))
+    gpus.bind(job("s1", 1, gpus=1, share=300), 0, (0,))
+    gpus.bind(job("s2", 1, gpus=1, share=300), 0, (1,))
+    gpus.bind(job("s3", 1, gpus=1, share=300), 1, (0,))
+    plan = plan_defrag(gpus, POLICY, goal="gpus", max_moves=2)
+    first, second = units(plan.moves)
+    kept = without_units(plan, {second[-1]})
+    assert kept.moves == tuple(plan.moves[i] for i in first)
+    assert kept.freed_gpus == plan.freed_gpus[:1] and kept.freed_nodes == ()
+    check_plan(gpus, kept)
 
 
 def test_apply_plan_refuses_a_stale_plan() -> None:

@@ -80,7 +80,8 @@ def defrag(
     Dry run by default: nothing in the cluster changes. Each planned eviction is asked as
     the API server's dry run (dryRun=All), so a node or GPU one of whose moves a
     PodDisruptionBudget refuses is skipped with the reason, and planned around, in a dry
-    run as with --apply ('would be refused: ...'). With --apply, the other moves are noted
+    run as with --apply ('would be refused: ...'); the plan and what it frees count only
+    the moves that would be made. With --apply, the other moves are noted
     on their target nodes, so the extender steers each evicted pod's successor there, and
     evicted through the Eviction API. A repartition sets the node's nvidia.com/mig.config
     label once its pods, listed again, leave the GPUs idle, and the pass waits up to
@@ -176,18 +177,15 @@ def _print_plan(console: Console, outcome: DefragOutcome) -> None:
     """The planned moves and repartitions, what they free, and what the window allows."""
     report = outcome.report
     mode = "applied" if outcome.applied else "dry run"
-    # A dry run lists the moves a refusal stops apart (its results): they would not be made.
-    stopped = set() if outcome.applied else {r.step for r in outcome.results}
-    steps = [s for s in report.steps if s not in stopped]
     title = (
         f"defragmentation plan (goal {report.goal}, {report.policy} policy, {mode}):"
-        f" {len(steps)} moves; {report.made_in_window} of {report.max_moves} made in"
+        f" {len(report.steps)} moves; {report.made_in_window} of {report.max_moves} made in"
         f" the last {report.window_s:g} s"
     )
     moves = [
         (str(i), s.job, s.controller, s.source, s.target,
          ",".join(map(str, s.target_gpus)) or "-", s.frees, s.reason)
-        for i, s in enumerate(steps, start=1)
+        for i, s in enumerate(report.steps, start=1)
     ]  # fmt: skip
     columns = ("#", "pod", "controller", "from", "to", "GPUs", "frees", "reason")
     console.print(_table(title, columns, moves))

@@ -19,16 +19,17 @@ One pass (`Defragmenter.run`):
    freeing anything: the refused move is reported blocked with the API server's reason
    and its budget (without `apply`: it "would be refused"), and the plan is made again
    with that pod left in place (up to `REPLANS` times), so the move budget goes to units
-   that can go. With `apply`, the moves of the units that go are noted on their target
-   nodes (`scaler.kube.moves`), the pass waits one `placement.sync_s` so the service has
-   listed them, then evicts in plan order. Each pod is read again just before its
-   eviction: one that has left its node, finished, become unmovable (safe-to-evict
-   "false") or been replaced under its name is not evicted, which ends its unit; the
-   eviction names the uid read, so it never takes another pod of that name. Each eviction
-   is journaled pending and counted in the window before it is asked, so a run killed in
-   between never exceeds the window. An eviction refused after all (a budget that changed
-   since the dry run) ends its unit there; the moves not carried out are taken off their
-   target nodes.
+   that can go; where the replans run out, the units a refusal stops are taken out of the
+   plan, so what the report says is freed is what the moves made free. With `apply`, the
+   moves of the units that go are noted on their target nodes (`scaler.kube.moves`), the
+   pass waits one `placement.sync_s` so the service has listed them, then evicts in plan
+   order. Each pod is read again just before its eviction: one that has left its node,
+   finished, become unmovable (safe-to-evict "false") or been replaced under its name is
+   not evicted, which ends its unit; the eviction names the uid read, so it never takes
+   another pod of that name. Each eviction is journaled pending and counted in the window
+   before it is asked, so a run killed in between never exceeds the window. An eviction
+   refused after all (a budget that changed since the dry run) ends its unit there; the
+   moves not carried out are taken off their target nodes.
 6. With `apply`, the repartitions are asked and awaited (`scaler.controller.repartitions`).
 
 The evicted pods' successors are steered by the extender (`scaler.service.steering`).
@@ -39,7 +40,7 @@ from __future__ import annotations
 import contextlib
 import socket
 import time
-from collections.abc import Callable, Iterable, Mapping, Sequence
+from collections.abc import Callable, Collection, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -53,6 +54,7 @@ from scaler.controller.defrag_plan import (
     plan_report,
     units,
     why_changed,
+    without_units,
 )
 from scaler.controller.journal import Action, DecisionJournal
 from scaler.controller.repartitions import Repartitioner, RepartitionResult
@@ -62,6 +64,7 @@ from scaler.kube.mig_manager import MigManagedNode
 from scaler.kube.moves import PlannedMove, set_moves, shape_of
 from scaler.kube.observed import ObserveCluster, ObservedCluster, observe_cluster
 from scaler.placement import make_policy
+from scaler.placement.defrag import DefragPlan
 
 REPLANS = 3  # plans made again around pods whose eviction a dry run refused
 
@@ -144,7 +147,7 @@ class Defragmenter:
         observed = self.observe(self.api, self.names)
         mig_nodes = self.repartitioner.mig_nodes(observed, settings.mig)
         made = self.window.made(self.clock(), settings.window_s)
-        report, refused, refused_earlier = self._plan(observed, settings, made, mig_nodes)
+        report, refused_earlier, stopped = self._plan(observed, settings, made, mig_nodes, apply)
         inputs = {
             "goal": settings.goal,
             "nodes": len(observed.nodes),
@@ -155,13 +158,18 @@ class Defragmenter:
         decision_id = self.journal.record(self.identity, apply, inputs, report.to_dict())
         outcome = DefragOutcome(report, apply, decision_id, settled=settled)
         if not apply:
-            outcome.results = _foreseen(report, refused, refused_earlier)
+            outcome.results = [
+                MoveResult(step, "blocked", f"would be refused: {why}")
+                for step, why in refused_earlier
+            ] + stopped
             self.journal.finish(decision_id, {"dry_run": True})
             return outcome
         try:
             for step, why in refused_earlier:
                 outcome.results.append(self._journal_refusal(decision_id, step, why, observed))
-            self._apply(observed, report, refused, settings, outcome)
+            outcome.results.extend(stopped)
+            self._move(observed, report.steps, units(report.plan.moves), settings, outcome)
+            outcome.errors.extend(r.result for r in outcome.results if r.status == "failed")
             for result in self.repartitioner.carry_out(
                 decision_id, observed, report.repartitions, settings.mig
             ):
@@ -179,30 +187,52 @@ class Defragmenter:
         settings: DefragSection,
         made: int,
         mig_nodes: Mapping[str, MigManagedNode],
-    ) -> tuple[DefragReport, dict[int, str], list[tuple[PlannedStep, str]]]:
+        apply: bool,
+    ) -> tuple[DefragReport, list[tuple[PlannedStep, str]], list[MoveResult]]:
         """The plan to carry out: its evictions are asked as a dry run and the plan made
-        again (up to `REPLANS` times) without the pods refused; returned with it, the
-        refusals among its own moves (step index -> why: where the replans ran out) and the
-        steps earlier plans had refused, with why."""
+        again (up to `REPLANS` times) without the pods refused; returned with it, the steps
+        earlier plans had refused, with why, and where the replans ran out, the results of
+        the last plan's units a refusal stops (`apply`: whether the pass means to move). The
+        plan returned is only the units that go, so what it says it frees is what the moves
+        made free."""
         refused: dict[str, tuple[PlannedStep, str]] = {}  # job -> its refused step, why
         for attempt in range(REPLANS + 1):
-            report = plan_report(
-                observed,
-                self.policy,
-                settings,
-                self.names,
-                self.mix,
-                made,
-                refused,
-                mig_nodes,
-                self.clock(),
-            )
+            now = self.clock()
+            report = self._report(observed, settings, made, refused, mig_nodes, now)
             refusals = self._ask(report, observed)
-            if not refusals or attempt == REPLANS:
-                break
-            # Plan again without them: the move budget goes to units that can go.
-            refused |= {report.steps[i].job: (report.steps[i], why) for i, why in refusals.items()}
-        return report, refusals, list(refused.values())
+            if not refusals:
+                return report, list(refused.values()), []
+            if attempt < REPLANS:
+                # Plan again without them: the move budget goes to units that can go.
+                refused |= {
+                    report.steps[i].job: (report.steps[i], why) for i, why in refusals.items()
+                }
+        stopped: list[MoveResult] = []
+        for group in units(report.plan.moves):
+            refusal = next((i for i in group if i in refusals), None)
+            if refusal is not None:
+                stopped.extend(_not_started(report.steps, group, refusal, refusals[refusal], apply))
+        # The plan's figures are those of its moves; describe only the units that go, from
+        # the cluster as that plan saw it (the same `now`: the same moves awaited).
+        left = set(refused) | {report.steps[i].job for i in refusals}
+        going = without_units(report.plan, refusals.keys())
+        report = self._report(observed, settings, made, left, mig_nodes, now, going)
+        return report, list(refused.values()), stopped
+
+    def _report(
+        self,
+        observed: ObservedCluster,
+        settings: DefragSection,
+        made: int,
+        refused: Collection[str],
+        mig_nodes: Mapping[str, MigManagedNode],
+        now: float,
+        moves: DefragPlan | None = None,
+    ) -> DefragReport:
+        return plan_report(
+            observed, self.policy, settings, self.names, self.mix, made, refused, mig_nodes,
+            now, moves,
+        )  # fmt: skip
 
     def _ask(self, report: DefragReport, observed: ObservedCluster) -> dict[int, str]:
         """Ask every move's eviction as a dry run, unit by unit; the first move of each
@@ -218,21 +248,6 @@ class Defragmenter:
         return refused
 
     # ---- moving ---------------------------------------------------------------------------
-    def _apply(
-        self,
-        observed: ObservedCluster,
-        report: DefragReport,
-        refused: Mapping[int, str],
-        settings: DefragSection,
-        outcome: DefragOutcome,
-    ) -> None:
-        """Carry out the plan's units that no dry run refused (`refused`: step -> why); a
-        unit one of whose moves would be refused is not started."""
-        going, stopped = _split_units(report, refused, applied=True)
-        outcome.results.extend(stopped)
-        self._move(observed, report.steps, going, settings, outcome)
-        outcome.errors.extend(r.result for r in outcome.results if r.status == "failed")
-
     def _move(
         self,
         observed: ObservedCluster,
@@ -390,35 +405,6 @@ def _refusal_text(blocked: BlockingPod) -> str:
         if blocked.budget
         else blocked.reason
     )
-
-
-def _foreseen(
-    report: DefragReport,
-    refused: Mapping[int, str],
-    refused_earlier: Iterable[tuple[PlannedStep, str]],
-) -> list[MoveResult]:
-    """A dry run's moves that would not be made: those a dry-run eviction refused (the
-    earlier plans' and the plan's own) and the rest of the plan's units they stop."""
-    earlier = [
-        MoveResult(step, "blocked", f"would be refused: {why}") for step, why in refused_earlier
-    ]
-    return earlier + _split_units(report, refused, applied=False)[1]
-
-
-def _split_units(
-    report: DefragReport, refused: Mapping[int, str], applied: bool
-) -> tuple[list[list[int]], list[MoveResult]]:
-    """The plan's units that go (their step indices), and the results of those not started
-    because one of their moves would be refused (`refused`: step -> why)."""
-    going: list[list[int]] = []
-    stopped: list[MoveResult] = []
-    for group in units(report.plan.moves):
-        refusal = next((i for i in group if i in refused), None)
-        if refusal is None:
-            going.append(group)
-        else:
-            stopped.extend(_not_started(report.steps, group, refusal, refused[refusal], applied))
-    return going, stopped
 
 
 def _not_started(

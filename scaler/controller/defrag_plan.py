@@ -257,6 +257,22 @@ def units(moves: Sequence[Move]) -> list[list[int]]:
     return [g for g in groups if g]
 
 
+def without_units(plan: DefragPlan, stopped: Collection[int]) -> DefragPlan:
+    """`plan` less its units (`units`) that have a move in `stopped` (indices): the plan
+    carried out when those are not started. The moves left still fit in order: a unit's
+    moves only take room, and what they leave is a freed node or GPU, never a target."""
+    groups = units(plan.moves)
+    kept = [k for k, group in enumerate(groups) if not any(i in stopped for i in group)]
+    # plan_defrag frees one node (goal nodes) or one GPU (goal gpus) a unit, in unit order.
+    nodes, gpus = (kept, []) if plan.goal == "nodes" else ([], kept)
+    return DefragPlan(
+        plan.goal,
+        tuple(plan.moves[i] for k in kept for i in groups[k]),
+        tuple(plan.freed_nodes[k] for k in nodes),
+        tuple(plan.freed_gpus[k] for k in gpus),
+    )
+
+
 def plan_report(
     observed: ObservedCluster,
     policy: Policy,
@@ -267,12 +283,14 @@ def plan_report(
     refused: Collection[str] = (),
     mig_nodes: Mapping[str, MigManagedNode] | None = None,
     now: float = 0.0,
+    moves: DefragPlan | None = None,
 ) -> DefragReport:
     """The plan for `observed` within the window's budget, and what it frees. `refused`:
     the pods (job ids) whose eviction was refused in a dry run, left in place;
     `mig_nodes`: the nodes the MIG manager manages, as their labels say; `now` (Unix
     time) says which moves of earlier passes are still awaited (`awaited`): their room is
-    held."""
+    held; `moves`: the moves to make, planned already (`without_units`), in place of a
+    new plan of them (the repartitions are planned with what they leave)."""
     state = observed.state
     if state is not None:
         state = hold_awaited(state, awaited(observed, now))
@@ -293,7 +311,11 @@ def plan_report(
     if state is None:
         return report(DefragPlan(settings.goal, (), (), ()))
     budget = move_budget(settings.max_moves, made_in_window)
-    plan = plan_defrag(state, policy, settings.goal, budget, lambda job: job.id in allowed)
+    plan = (
+        plan_defrag(state, policy, settings.goal, budget, lambda job: job.id in allowed)
+        if moves is None
+        else moves
+    )
     # plan_defrag keeps within the budget: what it leaves goes to repartitions.
     mig = plan_mig(
         observed, policy, settings.mig.configs, plan, mig_nodes, budget - len(plan.moves)
