@@ -258,6 +258,41 @@ def test_a_name_of_only_blanks_is_missing(tmp_path: Path) -> None:
         assert (caught.value.line, caught.value.column) == (3, column)
 
 
+NAMED_LIKE_MISSING = ("NA", "None", "null", "nan", "N/A", "NULL", "#N/A", "<NA>")
+
+
+def test_a_name_that_pandas_reads_as_missing_is_that_name(tmp_path: Path) -> None:
+    """Only an empty cell is a missing name: series, nodes and pods named NA, None, ... load
+    as those names. A number column still reads pandas' NA strings as missing."""
+    series = ["series_id,timestamp,value\n"] + [
+        f"{name},2024-01-01T0{h}:00,{h}\n" for name in NAMED_LIKE_MISSING for h in (0, 1)
+    ]
+    trace = load_trace(f"series:{write(tmp_path / 'series.csv', series)}")
+    assert trace.series_ids == sorted(NAMED_LIKE_MISSING)
+    nodes = ["sn,cpu_milli,memory_mib,gpu,model\n"] + [
+        f"{name},1000,1024,2,{name}\n" for name in NAMED_LIKE_MISSING
+    ]
+    loaded = load_openb_nodes(write(tmp_path / "nodes.csv", nodes))
+    assert loaded["sn"].tolist() == loaded["model"].tolist() == list(NAMED_LIKE_MISSING)
+    pods = ["name,cpu_milli,memory_mib,num_gpu,gpu_milli,qos,deletion_time\n"] + [
+        f"{name},1000,1024,1,500,{name},NaN\n" for name in NAMED_LIKE_MISSING
+    ]
+    loaded = load_openb_pods(write(tmp_path / "pods.csv", pods))
+    assert loaded["name"].tolist() == loaded["qos"].tolist() == list(NAMED_LIKE_MISSING)
+    assert loaded["deletion_time"].isna().all()
+    bad = write(tmp_path / "bad.csv", [PHILLY_HEADER, *GOOD, "2017-10-03 00:02:00,NA,420\n"])
+    with pytest.raises(InputError, match="missing value") as caught:
+        load_trace(f"philly:{bad}")
+    assert (caught.value.line, caught.value.column) == (4, "active")
+
+
+def test_a_column_name_padded_with_blanks_is_still_read_as_text(tmp_path: Path) -> None:
+    """The header `series_id ,timestamp`: its ids (here digits) stay names, as unpadded."""
+    lines = ["series_id , timestamp,value\n", "1,2024-01-01T00:00,1\n", "NA,2024-01-01T00:00,2\n"]
+    trace = load_trace(f"series:{write(tmp_path / 'padded.csv', lines)}")
+    assert trace.series_ids == ["1", "NA"]
+
+
 def test_short_series_still_splits(tmp_path: Path) -> None:
     two = write(
         tmp_path / "two.csv", ["timestamp,value\n", "2024-01-01T00:00,1\n", "2024-01-01T00:05,2\n"]

@@ -52,6 +52,14 @@ def plan(tmp_path: Path, forecast: str, *options: str) -> tuple[int, str]:
             "f.csv:2, column 'horizon': value '0' is below",
         ),
         ("unique_id,horizon,q0.5,q0.99\n ,1,1,2\n", "f.csv:2, column 'unique_id': missing value"),
+        (
+            "unique_id,horizon,q0.5,q0.99\na100,1,1,2\n\na100,2,1,2\n",
+            "f.csv:3, column 'unique_id': missing value",
+        ),
+        (
+            "unique_id,horizon,q0.5,q0.99\na100,1,1,2\na100,1e300,1,2\n",
+            "f.csv:3, column 'horizon': value '1e+300' is above the maximum 2",
+        ),
         ("unique_id,horizon,q0.5,q0.99\na100,1,1,x\n", "f.csv:2, column 'q0.99': not a number"),
         (
             "unique_id,horizon,q0.5,q0.99\na100,1,1,inf\n",
@@ -91,6 +99,16 @@ def test_quantile_columns_are_matched_by_value_and_the_policys_levels_are_requir
     assert code == 2 and "no q0.95 column" in message
     # Reactive mode plans on no forecast quantile: none is required.
     assert plan(tmp_path, GOOD.replace("q0.99", "q0.9"), "--mode", "reactive")[0] == 0
+
+
+def test_a_group_named_like_a_missing_value_is_that_name(tmp_path: Path) -> None:
+    """Groups named NA and None are planned as those names, not refused as missing."""
+    forecast = "unique_id,horizon,q0.5,q0.99\nNA,1,10,20\nNone,1,1,2\n"
+    observed = ("--observed", "NA=10", "--observed", "None=1", "--at", "2024-01-01T10:00")
+    code, output = plan(tmp_path, forecast, *observed)
+    assert code == 0, output
+    (a100,) = [d for d in json.loads(output)["decisions"] if d["pool"] == "a100"]
+    assert "NA: forecast" in a100["reason"] and "None: forecast" in a100["reason"]
 
 
 @pytest.mark.parametrize(

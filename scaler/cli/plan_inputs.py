@@ -32,10 +32,13 @@ def read_forecast(path: Path, needed: Sequence[float]) -> pd.DataFrame:
     for level in needed:
         if level not in levels.values():
             raise table.header_error(f"no q{level:g} column: the policy plans on that quantile")
+    # A group's horizons run 1, 2, ... without gaps, so none exceeds the file's rows: a
+    # larger one (1e300, which no int holds) is refused at its line, not after as a gap.
+    rows = len(table.frame)
     out = pd.DataFrame(
         {
             "unique_id": table.text("unique_id"),
-            "horizon": table.numbers("horizon", integer=True, minimum=1).astype(int),
+            "horizon": table.numbers("horizon", integer=True, minimum=1, maximum=rows).astype(int),
         }
     )
     for column, level in levels.items():

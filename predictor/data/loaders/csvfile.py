@@ -20,6 +20,7 @@ from pathlib import Path
 
 import numpy as np
 import pandas as pd
+from pandas._libs.parsers import STR_NA_VALUES
 
 from predictor.foundation.errors import InputError
 
@@ -154,14 +155,17 @@ def read_table(
     """Read the `required` and present `optional` columns of a CSV or gzip CSV, and those
     whose whole name is `matching` (a family named by a pattern, such as q<level>); the
     `text` columns (names, timestamps) stay text, the others are parsed as numbers where
-    they can.
+    they can. In a text column only an empty cell is missing: a group, series, node or pod
+    may be named `NA`, `None`, `null` or `nan`. In the others pandas' NA strings are
+    missing values, as an empty cell is.
 
     Gzip is recognised by its magic bytes, whatever the name; a `.gz` name on a file that is
     not gzip is an error (it is almost always a truncated or mislabelled download).
     """
     file = Path(path).expanduser()
     compression = _compression(file)
-    header = _header(file, compression)
+    raw = _header(file, compression)
+    header = [name.strip() for name in raw]
     missing = [c for c in required if c not in header]
     if missing:
         raise InputError(
@@ -172,11 +176,17 @@ def read_table(
         )
     wanted = set(required) | set(optional)
     columns = [c for c in header if c in wanted or (matching and matching.fullmatch(c))]
+    # pandas names the columns as the header spells them, blanks and all.
+    names = [r for r, name in zip(raw, header, strict=True) if name in text]
     try:
         frame = pd.read_csv(
             file,
             compression=compression,
-            dtype={name: str for name in header if name in text},
+            dtype=dict.fromkeys(names, str),
+            # A name is missing only where empty; numbers keep pandas' NA strings (`NaN`,
+            # `NA`, ...) as missing, as read_csv's default has always read them.
+            keep_default_na=False,
+            na_values={r: [""] if r in names else sorted(STR_NA_VALUES) for r in raw},
             skip_blank_lines=False,
             encoding="utf-8-sig",
         )
@@ -219,6 +229,8 @@ def _compression(file: Path) -> str | None:
 
 
 def _header(file: Path, compression: str | None) -> list[str]:
+    """The header's names as written, blanks and all (pandas names the columns so), each
+    unique once stripped."""
     try:
         with (
             gzip.open(file, "rb") if compression == "gzip" else file.open("rb") as raw,
@@ -231,9 +243,9 @@ def _header(file: Path, compression: str | None) -> list[str]:
         raise _not_utf8(file, compression, exc) from exc
     if not first.strip():
         raise InputError("empty file: no header line", path=file, line=1)
-    header = [name.strip() for name in next(csv.reader([first]))]
+    header = next(csv.reader([first]))
     seen: set[str] = set()
-    for name in header:
+    for name in (raw.strip() for raw in header):
         if name in seen:
             raise InputError(f"column {name!r} appears twice", path=file, line=1, column=name)
         seen.add(name)
