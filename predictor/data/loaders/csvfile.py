@@ -20,12 +20,17 @@ from pathlib import Path
 
 import numpy as np
 import pandas as pd
-from pandas._libs.parsers import STR_NA_VALUES
 
 from predictor.foundation.errors import InputError
 
 GZIP_MAGIC = b"\x1f\x8b"
 _PARSER_LINE = re.compile(r"line (\d+)")
+# The spellings read_csv's documentation lists as missing by default: number cells keep
+# reading them as missing (written out, as pandas keeps its own list private).
+MISSING_NUMBER_SPELLINGS = (
+    "", "#N/A", "#N/A N/A", "#NA", "-1.#IND", "-1.#QNAN", "-NaN", "-nan", "1.#IND",
+    "1.#QNAN", "<NA>", "N/A", "NA", "NULL", "NaN", "None", "n/a", "nan", "null",
+)  # fmt: skip
 
 
 @dataclass(frozen=True, eq=False)
@@ -186,7 +191,7 @@ def read_table(
             # A name is missing only where empty; numbers keep pandas' NA strings (`NaN`,
             # `NA`, ...) as missing, as read_csv's default has always read them.
             keep_default_na=False,
-            na_values={r: [""] if r in names else sorted(STR_NA_VALUES) for r in raw},
+            na_values={r: [""] if r in names else list(MISSING_NUMBER_SPELLINGS) for r in raw},
             skip_blank_lines=False,
             encoding="utf-8-sig",
         )
