@@ -39,6 +39,24 @@ def moto() -> Iterator[Any]:
     server.stop()
 
 
+@pytest.fixture(scope="module")
+def prometheus(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[Any, Any]]:
+    """A real Prometheus on 127.0.0.1 scraping one exporter the test module fills, every
+    0.2 s: (server, exporter), one per test module."""
+    import shutil
+
+    from prometheus_fixture import GpuExporter, PrometheusServer
+
+    if shutil.which("prometheus") is None:
+        require_service("Debian's prometheus package is not installed")
+    exporter = GpuExporter()
+    server = PrometheusServer(tmp_path_factory.mktemp("prom"), [exporter.target], scrape_s=0.2)
+    server.start()
+    yield server, exporter
+    server.stop()
+    exporter.stop()
+
+
 @pytest.fixture
 def fake() -> Iterator[Any]:
     """The fake Kubernetes API server; it refuses evictions that a PodDisruptionBudget

@@ -11,14 +11,11 @@ that went, while a node whose pod a PodDisruptionBudget guards stays (uncordoned
 from __future__ import annotations
 
 import json
-import shutil
 import time
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import pytest
-from conftest import require_service
 from fake_kube import FakeKube
 from live_fixtures import (
     Asg,
@@ -40,18 +37,6 @@ from scaler.controller.journal import DecisionJournal
 pytestmark = pytest.mark.integration
 
 DEMAND = pod_gpu_requests("Running|Pending")
-
-
-@pytest.fixture(scope="module")
-def prometheus(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[Any, Any]]:
-    if shutil.which("prometheus") is None:
-        require_service("Debian's prometheus package is not installed")
-    exporter = GpuExporter()
-    server = PrometheusServer(tmp_path_factory.mktemp("prom"), [exporter.target], scrape_s=0.2)
-    server.start()
-    yield server, exporter
-    server.stop()
-    exporter.stop()
 
 
 def demand_values(pods: int) -> Values:

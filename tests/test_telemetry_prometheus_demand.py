@@ -5,13 +5,10 @@ counts for the same pods (but for shared GPUs, which PromQL cannot read and coun
 from __future__ import annotations
 
 import re
-import shutil
-from collections.abc import Iterator
 from itertools import count
 from typing import Any
 
 import pytest
-from conftest import require_service
 from prometheus_fixture import GpuExporter, PrometheusServer, Values, labels
 
 from predictor.telemetry.config import DEFAULT_SERIES
@@ -128,20 +125,6 @@ def kubernetes_counts(pods: list[dict[str, Any]]) -> dict[str, float]:
         "running": sum(p.running for p in pools),
         "pending": sum(p.pending for p in pools),
     }
-
-
-@pytest.fixture(scope="module")
-def prometheus(
-    tmp_path_factory: pytest.TempPathFactory,
-) -> Iterator[tuple[PrometheusServer, GpuExporter]]:
-    if shutil.which("prometheus") is None:
-        require_service("Debian's prometheus package is not installed")
-    exporter = GpuExporter()
-    server = PrometheusServer(tmp_path_factory.mktemp("prom"), [exporter.target], scrape_s=0.2)
-    server.start()
-    yield server, exporter
-    server.stop()
-    exporter.stop()
 
 
 _generation = count(1)
