@@ -450,6 +450,44 @@ def test_a_quota_waiting_workload_counts_for_its_queues_flavor(
     assert observed.queued_pools["ml/train/workers-1"] == "a100"
 
 
+def test_a_workload_whose_admission_is_gated_is_not_demand_until_the_gate_is_removed(
+    fake: FakeKube, kueue_cluster, caplog: pytest.LogCaptureFixture
+) -> None:
+    """Kueue queues no Workload that carries a non-empty kueue.x-k8s.io/admission-gated-by
+    annotation (workload.IsAdmissible): it is left out, why is logged once, and once its
+    controllers remove the gate it counts as any waiting Workload; an empty value gates
+    nothing."""
+    gate = "kueue.x-k8s.io/admission-gated-by"
+    gated = workload("gated", [("workers", 2, template(8))])
+    gated["metadata"]["annotations"] = {gate: "example.com/quota-broker,example.com/check"}
+    empty = workload("empty", [("main", 1, template(4))])
+    empty["metadata"]["annotations"] = {gate: ""}
+    fake.create("localqueues", local_queue("team-a", "gpus"))
+    fake.create(
+        "clusterqueues",
+        cluster_queue("gpus", (GPU_GROUP, [("a100-flavor", ["96", "1Ti", "32"])])),
+    )
+    fake.create("workloads", gated)
+    fake.create("workloads", empty)
+    source = KubernetesSource(kueue_cluster)
+    try:
+        with caplog.at_level(logging.WARNING, logger="predictor.telemetry.kueue"):
+            for _ in range(2):
+                assert demand_of(source)["queued"] == {"a100": 4.0}
+            assert [r.getMessage() for r in caplog.records] == [
+                "Kueue Workload ml/gated: admission gated by"
+                " example.com/quota-broker,example.com/check"
+                f" ({gate}); not counted as demand until the gate is removed"
+            ]
+            with api_client(kueue_cluster) as api:
+                assert with_queue(observe_cluster)(api, KUBE_NAMES).queued_gpus == {"a100": 4.0}
+            fake.patch("workloads", "gated", {"metadata": {"annotations": {gate: None}}}, "ml")
+            assert demand_of(source)["queued"] == {"a100": 20.0}
+            assert len(caplog.records) == 1
+    finally:
+        source.close()
+
+
 def test_the_collector_watches_the_queue(fake: FakeKube, kueue_cluster) -> None:
     source = KubernetesSource(kueue_cluster)
     source.start()

@@ -21,8 +21,8 @@ ClusterQueues are watched too: the GPUs of the Workloads' pod sets (`kueue.queue
 are pending demand of the pools they target (the flavor their quota is reserved on, else
 the first their queue would try), before any of their pods exist, and are also stored on
 their own as `queued` (the queue, an input the forecaster may use). Admitted Workloads
-count through their pods. Why a Workload's queue names no pool is logged when it first
-shows, not at every sample.
+count through their pods. Why a Workload's queue names no pool, or that its admission is
+gated, is logged when it first shows, not at every sample.
 """
 
 from __future__ import annotations
@@ -52,6 +52,7 @@ from predictor.telemetry.kueue import (
     WORKLOADS,
     ProblemLog,
     QueuedPodSet,
+    admission_gate,
     list_call,
     queued_pod_sets,
     read_queues,
@@ -422,9 +423,12 @@ class KubernetesSource(Source):
                 self.kueue[LOCAL_QUEUES].items(),
                 self.kueue[CLUSTER_QUEUES].items(),
             )
-            for workload in self.kueue[WORKLOADS].items():
+            workloads = self.kueue[WORKLOADS].items()
+            for workload in workloads:
                 queued.extend(queued_pod_sets(workload, queues, self._names))
-            self._queue_problems.report(p.queue_problem for p in queued)
+            self._queue_problems.report(
+                [*(p.queue_problem for p in queued), *map(admission_gate, workloads)]
+            )
         pools = pool_demand(self.nodes.items(), self.pods.items(), queued)
         return demand_batches(pools, at, queue=self.settings.kueue)
 

@@ -33,10 +33,15 @@ the cohort; a flavor that only borrows (nominal quota zero) is passed over.
 Pending means neither Admitted nor Finished, and active (`spec.active` not false), in
 queues that are not stopped: a LocalQueue or ClusterQueue whose `spec.stopPolicy` is Hold
 or HoldAndDrain reserves no quota and cancels reservations not yet admitted, so its
-Workloads wait until someone restarts it. An admitted Workload is left out: its pods
-exist, or are being made, and are counted as pods, so nothing is counted twice. A
-Workload's pod sets are admitted together (all or nothing), and its podset topology
-request is read as Kueue's podset topology annotations are.
+Workloads wait until someone restarts it. Nor is a Workload pending whose admission is
+gated: a non-empty `kueue.x-k8s.io/admission-gated-by` annotation (comma-separated
+controller names, which Kueue copies from the job onto the Workload when its
+AdmissionGatedBy feature is on, the default from v0.19) keeps it out of Kueue's queues
+until the controllers have all removed their names, which may take any time or never
+happen; why is its `admission_gate`, which the collector logs once. An admitted Workload
+is left out: its pods exist, or are being made, and are counted as pods, so nothing is
+counted twice. A Workload's pod sets are admitted together (all or nothing), and its podset
+topology request is read as Kueue's podset topology annotations are.
 """
 
 from __future__ import annotations
@@ -69,6 +74,7 @@ WORKLOADS = "workloads"
 FLAVORS = "resourceflavors"
 LOCAL_QUEUES = "localqueues"
 CLUSTER_QUEUES = "clusterqueues"
+ADMISSION_GATE_ANNOTATION = "kueue.x-k8s.io/admission-gated-by"
 
 
 @dataclass(frozen=True, slots=True)
@@ -218,6 +224,20 @@ def is_pending(workload: Mapping[str, Any]) -> bool:
     return not done & {"Admitted", "Finished"}
 
 
+def admission_gate(workload: Mapping[str, Any]) -> str | None:
+    """Why a pending Workload (JSON form) is not demand because its admission is gated, or
+    None when it is not gated."""
+    meta = _map(workload.get("metadata"))
+    gates = str(_map(meta.get("annotations")).get(ADMISSION_GATE_ANNOTATION) or "")
+    if not gates or not is_pending(workload):
+        return None
+    namespace = str(meta.get("namespace") or "default")
+    return (
+        f"Kueue Workload {namespace}/{meta.get('name') or ''}: admission gated by {gates}"
+        f" ({ADMISSION_GATE_ANNOTATION}); not counted as demand until the gate is removed"
+    )
+
+
 def _assigned_flavor(
     assignment: Mapping[str, Any], flavors: Mapping[str, Flavor], names: KubeNames
 ) -> Flavor | None:
@@ -310,7 +330,7 @@ def queued_pod_sets(
     meta = _map(workload.get("metadata"))
     namespace = str(meta.get("namespace") or "default")
     name = str(meta.get("name") or "")
-    if _held(workload, namespace, queues):
+    if _held(workload, namespace, queues) or admission_gate(workload) is not None:
         return ()
     admission = _map(_map(workload.get("status")).get("admission"))
     assigned = {

@@ -2,15 +2,16 @@
 
 `read_queue` lists Kueue's Workloads, ResourceFlavors, LocalQueues and ClusterQueues once
 per pass and reads the pod sets still waiting (`predictor.telemetry.kueue.queued_pod_sets`:
-pending, not admitted, each pod set in the pool of the flavor its quota is reserved on,
-else of the first flavor its queue would try, else the one its node selector names; the
-collector beside the loop reads the queue the same way and logs, once, why a queue named
-no pool, so the loop, which would say it every pass, does not). `queued_jobs` makes each
-pod set `count` jobs of its pod's shape, one gang per Workload (Kueue admits a Workload's
-pods all together): a pending Workload of 2 pods x 8 GPUs is a gang of two 8-GPU jobs.
-`with_queue` adds them to the cluster snapshot (`ObservedCluster.queued`), so the loop's
-scale-up estimate and reactive floor see them before any of their pods exist. Admitted
-Workloads are not read: their pods are in the snapshot already.
+pending, not admitted, not admission-gated, each pod set in the pool of the flavor its
+quota is reserved on, else of the first flavor its queue would try, else the one its node
+selector names; the collector beside the loop reads the queue the same way and logs, once,
+why a queue named no pool or that a Workload's admission is gated, so the loop, which
+would say it every pass, does not). `queued_jobs` makes each pod set `count` jobs of its
+pod's shape, one gang per Workload (Kueue admits a Workload's pods all together): a
+pending Workload of 2 pods x 8 GPUs is a gang of two 8-GPU jobs. `with_queue` adds them to
+the cluster snapshot (`ObservedCluster.queued`), so the loop's scale-up estimate and
+reactive floor see them before any of their pods exist. Admitted Workloads are not read:
+their pods are in the snapshot already.
 """
 
 from __future__ import annotations
