@@ -301,6 +301,44 @@ def test_a_flavor_whose_node_taints_the_pod_set_does_not_tolerate_is_passed_over
     assert pool_of(queues([taint | {"effect": "PreferNoSchedule"}]), plain) == "h100"
 
 
+def test_a_flavor_whose_labels_the_required_node_affinity_excludes_is_passed_over() -> None:
+    """Kueue's flavor assigner matches the template's required node affinity against the
+    flavor's nodeLabels, on the keys the flavor sets only: h100's labels fail NotIn on the
+    pool, Gt on its GPU memory, or terms that name other pools, so the pod set goes on to
+    a100, which sets no memory label (that expression is not its to match); a term with no
+    expression on h100's keys lets every flavor through, so the pod set stays on h100."""
+    h100 = {
+        "metadata": {"name": "h100-flavor"},
+        "spec": {"nodeLabels": {POOL: "h100", "gpu.memory-gb": "80"}},
+    }
+    group = (
+        GPU_GROUP,
+        [("h100-flavor", ["96", "1Ti", "32"]), ("a100-flavor", ["96", "1Ti", "64"])],
+    )
+    queues = read_queues(
+        [h100, FLAVORS[0]], [local_queue("team-a", "gpus")], [cluster_queue("gpus", group)]
+    )
+
+    def pool_of(*terms: list[tuple[str, str, list[str]]]) -> str | None:
+        spec = template(8)
+        required = {
+            "nodeSelectorTerms": [
+                {"matchExpressions": [{"key": k, "operator": o, "values": v} for k, o, v in t]}
+                for t in terms
+            ]
+        }
+        spec["spec"]["affinity"] = {
+            "nodeAffinity": {"requiredDuringSchedulingIgnoredDuringExecution": required}
+        }
+        return queued_pod_sets(workload("w", [("main", 1, spec)]), queues)[0].pod.wanted_pool
+
+    assert pool_of([(POOL, "NotIn", ["h100"])]) == "a100"
+    assert pool_of([("gpu.memory-gb", "Gt", ["100"])]) == "a100"
+    assert pool_of([(POOL, "In", ["b200"])], [(POOL, "In", ["a100"])]) == "a100"
+    assert pool_of([("gpu.memory-gb", "Lt", ["100"]), (POOL, "Exists", [])]) == "h100"
+    assert pool_of([("zone", "In", ["z1"])], [(POOL, "In", ["a100"])]) == "h100"
+
+
 def test_a_workload_in_a_stopped_queue_is_not_demand() -> None:
     """A ClusterQueue or LocalQueue with stopPolicy Hold or HoldAndDrain reserves no quota
     and cancels reservations not yet admitted: its Workloads, waiting or reserved, are

@@ -291,15 +291,46 @@ def _pools_named(expressions: Iterable[Any], pool_label: str) -> list[str]:
     return []
 
 
-def _required_pools(spec: Mapping[str, Any], pool_label: str) -> list[list[str]] | None:
-    """The pools each required node-affinity term allows ([] for a term that names none),
-    or None without required node affinity."""
+def requirement_holds(requirement: Mapping[str, Any], labels: Mapping[str, str]) -> bool:
+    """Whether node `labels` meet one NodeSelectorRequirement (a node affinity term's
+    `matchExpressions` entry), as the scheduler reads it: Gt and Lt compare integers, and a
+    value that is not one, or an operator it does not know, matches nothing."""
+    key = requirement.get("key")
+    operator = requirement.get("operator")
+    values = [str(v) for v in _list(requirement.get("values"))]
+    if operator == "In":
+        return key in labels and labels[key] in values
+    if operator == "NotIn":
+        return key not in labels or labels[key] not in values
+    if operator == "Exists":
+        return key in labels
+    if operator == "DoesNotExist":
+        return key not in labels
+    if operator in ("Gt", "Lt") and key in labels and len(values) == 1:
+        try:
+            have, bound = int(labels[key]), int(values[0])
+        except ValueError:
+            return False
+        return have > bound if operator == "Gt" else have < bound
+    return False
+
+
+def required_terms(spec: Mapping[str, Any]) -> list[list[Mapping[str, Any]]] | None:
+    """The `matchExpressions` of each required node-affinity term of a pod spec, or None
+    without required node affinity."""
     affinity = _map(_map(spec.get("affinity")).get("nodeAffinity"))
     required = affinity.get("requiredDuringSchedulingIgnoredDuringExecution")
     if not isinstance(required, Mapping):
         return None
     terms = _list(required.get("nodeSelectorTerms"))
-    return [_pools_named(_list(_map(t).get("matchExpressions")), pool_label) for t in terms]
+    return [[_map(e) for e in _list(_map(t).get("matchExpressions"))] for t in terms]
+
+
+def _required_pools(spec: Mapping[str, Any], pool_label: str) -> list[list[str]] | None:
+    """The pools each required node-affinity term allows ([] for a term that names none),
+    or None without required node affinity."""
+    terms = required_terms(spec)
+    return None if terms is None else [_pools_named(t, pool_label) for t in terms]
 
 
 def wanted_pool(spec: Mapping[str, Any], pool_label: str) -> str | None:

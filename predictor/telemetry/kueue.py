@@ -18,9 +18,10 @@ the pod, and the pod set targets pools as the pod would:
   (`spec.clusterQueue`), whose resource groups list flavors in order
   (`spec.resourceGroups[].flavors[]`); the first of them with a nominal quota above zero of
   every GPU resource the pod set asks (the GPU resource, each MIG resource), that exists,
-  whose `nodeLabels` name a pool (the pool label) and agree with the template's node
-  selector, and whose `nodeTaints` (NoSchedule, NoExecute) the template's or the flavor's
-  tolerations tolerate is taken as above;
+  whose `nodeLabels` name a pool (the pool label) and meet the template's node selector
+  and required node affinity on the keys they set (`Flavor.admits`), and whose
+  `nodeTaints` (NoSchedule, NoExecute) the template's or the flavor's tolerations
+  tolerate is taken as above;
 - otherwise (no GPU asked, no such queue or flavor) the pool its template's node selector
   or node affinity names, else any pool; why the queue did not say is the pod set's
   `queue_problem`, which the collector logs once (`ProblemLog`).
@@ -64,6 +65,8 @@ from predictor.telemetry.kube_objects import (
     Taint,
     Toleration,
     read_pod,
+    required_terms,
+    requirement_holds,
 )
 
 log = logging.getLogger(__name__)
@@ -86,15 +89,28 @@ class Flavor:
     tolerations: tuple[Mapping[str, Any], ...] = ()
     node_taints: tuple[Taint, ...] = ()
 
-    def admits(self, pod: PodRequest) -> bool:
-        """Kueue's flavor assigner passes over a flavor with a node taint that neither the
-        pod set nor the flavor tolerates."""
+    def admits(self, pod: PodRequest, spec: Mapping[str, Any]) -> bool:
+        """Whether Kueue's flavor assigner lets a pod set (`pod`, read from its template's
+        `spec`) onto this flavor: every node taint tolerated by the pod set or the flavor,
+        and the template's nodeSelector and required node affinity met by the flavor's
+        node labels. Only the keys the flavor labels count, since the rest are the
+        scheduler's to match among the flavor's nodes; a required term left with no
+        expression on them matches every flavor (its terms are ORed)."""
         tolerations = [
             *pod.tolerations,
             *(Toleration(t.get("key"), t.get("operator"), t.get("value"), t.get("effect"))
               for t in self.tolerations),
         ]  # fmt: skip
-        return all(any(t.tolerates(taint) for t in tolerations) for taint in self.node_taints)
+        if not all(any(t.tolerates(taint) for t in tolerations) for taint in self.node_taints):
+            return False
+        labels = self.node_labels
+        selector = _map(spec.get("nodeSelector"))
+        if any(str(selector[k]) != v for k, v in labels.items() if k in selector):
+            return False
+        terms = [[e for e in t if e.get("key") in labels] for t in required_terms(spec) or []]
+        if not terms or not all(terms):
+            return True
+        return any(all(requirement_holds(e, labels) for e in term) for term in terms)
 
 
 @dataclass(frozen=True, slots=True)
@@ -252,7 +268,11 @@ def _assigned_flavor(
 
 
 def _queue_flavor(
-    workload: Mapping[str, Any], pod: PodRequest, queues: Queues, names: KubeNames
+    workload: Mapping[str, Any],
+    pod: PodRequest,
+    spec: Mapping[str, Any],
+    queues: Queues,
+    names: KubeNames,
 ) -> tuple[Flavor | None, str | None]:
     """The flavor a pod set waiting for quota targets through its Workload's queue (see the
     module docstring), or why there is none; (None, None) when it asks no GPU."""
@@ -270,15 +290,13 @@ def _queue_flavor(
     if cluster_queue not in queues.cluster_queues:
         return None, f"ClusterQueue {cluster_queue} (of LocalQueue {local}) not found"
     quotas = queues.cluster_queues[cluster_queue]
-    selector = dict(pod.node_selector)
     for name in quotas.get(asked[0], ()):
         flavor = queues.flavors.get(name)
         if (
             flavor is not None
             and all(name in quotas.get(resource, ()) for resource in asked[1:])
             and names.pool_label in flavor.node_labels
-            and all(selector.get(k, v) == v for k, v in flavor.node_labels.items())
-            and flavor.admits(pod)
+            and flavor.admits(pod, spec)
         ):
             return flavor, None
     return None, (
@@ -353,7 +371,7 @@ def queued_pod_sets(
         if set_name in assigned:
             flavor = _assigned_flavor(assigned[set_name], queues.flavors, names)
         else:
-            flavor, why = _queue_flavor(workload, request, queues, names)
+            flavor, why = _queue_flavor(workload, request, pod["spec"], queues, names)
             if why is not None:
                 problem = (
                     f"Kueue Workload {namespace}/{name}: {why}; its pods count in the pool"
