@@ -6,6 +6,7 @@ the plan provides, removes no node itself and writes nothing when nothing change
 from __future__ import annotations
 
 import json
+import logging
 from pathlib import Path
 from typing import Any
 
@@ -28,10 +29,12 @@ from scaler.controller.journal import DecisionJournal
 from scaler.controller.reconcile import Reconciler
 from scaler.controller.system import LiveSystem
 from scaler.kube.capacity_buffers import (
+    BufferChange,
     BufferDemand,
     BufferSettings,
     BufferUnit,
     CapacityBuffers,
+    not_ready,
 )
 
 NAMESPACE = "gpuscale-system"
@@ -209,6 +212,98 @@ def test_a_buffer_change_interrupted_is_settled_and_made_once(
     assert Reconciler(LiveSystem.build(cfg)).iterate(apply=True).actions == []
 
 
+def condition(kind: str, status: str, reason: str, message: str = "") -> dict[str, str]:
+    return {"type": kind, "status": status, "reason": reason, "message": message}
+
+
+def test_a_buffer_the_autoscaler_does_not_hold_is_reported_and_logged_once(
+    tmp_path: Path, fake: FakeKube, caplog: pytest.LogCaptureFixture
+) -> None:
+    """Cluster Autoscaler (the test) writes the buffer's status: while it says the buffer
+    is not ready for provisioning, not provisioned or limited by quotas, each pass reports
+    it, the change is logged once, and gpuscale writes nothing; a ready buffer is not."""
+    ready_gpu_node(fake, "gpu-0")
+    write_demand(tmp_path / "state", "a100", [8.0] * 4 + [24.0], step_s=60.0)
+    cfg = LiveConfig(
+        state_dir=tmp_path / "state",
+        pools=[pool(min_size=1)],
+        provider={"kind": "autoscaler"},
+        kubernetes={"host": fake.url, "pre_position": "capacity-buffer"},
+        model={"name": "persistence"},
+        policy=fast_policy(60.0),
+        placement={"mix": [UNIT]},
+        lease={"enabled": False},
+    )
+    reconciler = Reconciler(LiveSystem.build(cfg))
+    made = reconciler.iterate(apply=True)
+    assert [a["action"] for a in made.actions] == ["set_buffer"]
+    assert made.buffers_not_ready == {}
+
+    def status(*conditions: dict[str, str]) -> None:
+        fake.patch("capacitybuffers", "gpuscale-a100", {"status": None}, NAMESPACE)
+        fake.patch(
+            "capacitybuffers",
+            "gpuscale-a100",
+            {"status": {"conditions": list(conditions)}},
+            NAMESPACE,
+        )
+
+    unreadable = condition(
+        "ReadyForProvisioning",
+        "False",
+        "error",
+        'Couldn\'t get pod template, error: podtemplates "gpuscale-buffer-a100" not found',
+    )
+    quota = condition(
+        "LimitedByQuotas",
+        "True",
+        "ResourceQuotasAllocated",
+        "Buffer replicas limited from 3 to 1 due to quotas: gpus",
+    )
+    status(unreadable, condition("Provisioning", "False", "NotReadyForProvisioning"))
+    before = len(writes(fake))
+    with caplog.at_level(logging.WARNING, logger="scaler.controller.reconcile"):
+        for _ in range(2):
+            outcome = reconciler.iterate(apply=True)
+            assert outcome.actions == [] and outcome.errors == []
+            assert outcome.to_dict()["capacity_buffers_not_ready"] == {
+                "gpuscale-a100": "CapacityBuffer gpuscale-a100: ReadyForProvisioning False"
+                ' (error): Couldn\'t get pod template, error: podtemplates "gpuscale-buffer-a100"'
+                " not found"
+            }
+        status(condition("ReadyForProvisioning", "True", "AttributesSetSuccessfully"), quota)
+        assert reconciler.iterate(apply=True).buffers_not_ready == {
+            "gpuscale-a100": "CapacityBuffer gpuscale-a100: LimitedByQuotas True"
+            " (ResourceQuotasAllocated): Buffer replicas limited from 3 to 1 due to quotas: gpus"
+        }
+        status(
+            condition("ReadyForProvisioning", "True", "AttributesSetSuccessfully"),
+            condition("Provisioning", "True", "FakePodsInjected"),
+        )
+        assert reconciler.iterate(apply=True).buffers_not_ready == {}
+        assert reconciler.iterate(apply=True).buffers_not_ready == {}
+    said = [r.getMessage() for r in caplog.records if r.name == "scaler.controller.reconcile"]
+    assert [m.split(": ")[1] for m in said] == [
+        "ReadyForProvisioning False (error)",
+        "LimitedByQuotas True (ResourceQuotasAllocated)",
+    ]
+    assert len(writes(fake)) == before  # the status is the autoscaler's: nothing written
+
+
+def test_an_emptied_buffer_the_autoscaler_does_not_provision_holds_what_it_asks() -> None:
+    """Pod injection marks a buffer of 0 replicas BufferIsEmpty: nothing is missing unless
+    the spec asks replicas (limits then left none)."""
+    empty = {
+        "metadata": {"name": "gpuscale-h100"},
+        "spec": {"replicas": 0},
+        "status": {"conditions": [condition("Provisioning", "False", "BufferIsEmpty", "0")]},
+    }
+    assert not_ready(empty) is None
+    empty["spec"]["replicas"] = 2
+    assert not_ready(empty) == "CapacityBuffer gpuscale-h100: Provisioning False (BufferIsEmpty): 0"
+    assert not_ready({"metadata": {"name": "new"}, "spec": {"replicas": 2}}) is None
+
+
 def client(fake: FakeKube) -> k8s.ApiClient:
     return k8s.ApiClient(k8s.Configuration(host=fake.url))
 
@@ -219,16 +314,20 @@ def demand(pool_name: str, replicas: int, gpus: int = 8) -> BufferDemand:
     )
 
 
+def changes(buffers: CapacityBuffers, desired: list[BufferDemand]) -> list[BufferChange]:
+    return buffers.changes(desired, buffers.current())
+
+
 def test_a_changed_unit_updates_the_template_and_an_unplanned_pool_is_emptied(
     fake: FakeKube,
 ) -> None:
     buffers = CapacityBuffers(client(fake), BufferSettings())
-    for change in buffers.changes([demand("a100", 2), demand("h100", 1)]):
+    for change in changes(buffers, [demand("a100", 2), demand("h100", 1)]):
         buffers.apply(change)
     generation = fake.get("podtemplates", "gpuscale-buffer-a100", NAMESPACE)["metadata"]
-    assert buffers.changes([demand("a100", 2), demand("h100", 1)]) == []
+    assert changes(buffers, [demand("a100", 2), demand("h100", 1)]) == []
 
-    (change,) = buffers.changes([demand("a100", 2, gpus=4), demand("h100", 1)])
+    (change,) = changes(buffers, [demand("a100", 2, gpus=4), demand("h100", 1)])
     assert (change.template, change.replicas_from, change.replicas_to) == ("update", 2, 2)
     buffers.apply(change)
     template = fake.get("podtemplates", "gpuscale-buffer-a100", NAMESPACE)
@@ -236,11 +335,11 @@ def test_a_changed_unit_updates_the_template_and_an_unplanned_pool_is_emptied(
     (container,) = template["template"]["spec"]["containers"]
     assert container["resources"]["requests"] == {"nvidia.com/gpu": "4"}
 
-    (emptied,) = buffers.changes([demand("a100", 2, gpus=4)])
+    (emptied,) = changes(buffers, [demand("a100", 2, gpus=4)])
     assert (emptied.pool, emptied.replicas_to) == ("h100", 0)
     buffers.apply(emptied)
     assert fake.get("capacitybuffers", "gpuscale-h100", NAMESPACE)["spec"]["replicas"] == 0
-    assert buffers.changes([demand("a100", 2, gpus=4)]) == []
+    assert changes(buffers, [demand("a100", 2, gpus=4)]) == []
 
 
 def base_config(tmp_path: Path, **extra: Any) -> dict[str, Any]:

@@ -460,7 +460,7 @@ def test_a_quota_waiting_workload_counts_for_its_queues_flavor(
     fake.create("workloads", lost)
     source = KubernetesSource(kueue_cluster)
     try:
-        with caplog.at_level(logging.WARNING, logger="predictor.telemetry.kueue"):
+        with caplog.at_level(logging.WARNING, logger="predictor.telemetry.kubernetes"):
             got = demand_of(source)
             assert got["queued"] == {"a100": 16.0, "h100": 4.0}
             assert got["pending"] == {"a100": 16.0, "h100": 4.0}
@@ -509,7 +509,7 @@ def test_a_workload_whose_admission_is_gated_is_not_demand_until_the_gate_is_rem
     fake.create("workloads", empty)
     source = KubernetesSource(kueue_cluster)
     try:
-        with caplog.at_level(logging.WARNING, logger="predictor.telemetry.kueue"):
+        with caplog.at_level(logging.WARNING, logger="predictor.telemetry.kubernetes"):
             for _ in range(2):
                 assert demand_of(source)["queued"] == {"a100": 4.0}
             assert [r.getMessage() for r in caplog.records] == [

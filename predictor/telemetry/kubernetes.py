@@ -43,6 +43,7 @@ from kubernetes import watch as k8s_watch
 from kubernetes.config.config_exception import ConfigException
 
 from predictor.foundation.errors import InputError
+from predictor.foundation.problem_log import ProblemLog
 from predictor.telemetry.config import KubernetesSettings
 from predictor.telemetry.kube_objects import KubeNames, mig_gpus, read_node, read_pod
 from predictor.telemetry.kueue import (
@@ -50,7 +51,6 @@ from predictor.telemetry.kueue import (
     FLAVORS,
     LOCAL_QUEUES,
     WORKLOADS,
-    ProblemLog,
     QueuedPodSet,
     admission_gate,
     list_call,
@@ -382,7 +382,7 @@ class KubernetesSource(Source):
                 for plural in (WORKLOADS, FLAVORS, LOCAL_QUEUES, CLUSTER_QUEUES)
             }
             self.informers += list(self.kueue.values())
-            self._queue_problems = ProblemLog()
+            self._queue_problems = ProblemLog(log)
         self._stop = threading.Event()
         self._threads: list[threading.Thread] = []
 

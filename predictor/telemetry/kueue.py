@@ -24,7 +24,7 @@ the pod, and the pod set targets pools as the pod would:
   tolerate is taken as above;
 - otherwise (no GPU asked, no such queue or flavor) the pool its template's node selector
   or node affinity names, else any pool; why the queue did not say is the pod set's
-  `queue_problem`, which the collector logs once (`ProblemLog`).
+  `queue_problem`, which the collector logs once (`predictor.foundation.problem_log`).
 
 The queue's flavor is the one Kueue tries first, not necessarily the one it will reserve:
 Kueue moves on to the next flavor when the first lacks free quota (or, with flavor
@@ -47,7 +47,6 @@ topology request is read as Kueue's podset topology annotations are.
 
 from __future__ import annotations
 
-import logging
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 from functools import partial
@@ -68,8 +67,6 @@ from predictor.telemetry.kube_objects import (
     required_terms,
     requirement_holds,
 )
-
-log = logging.getLogger(__name__)
 
 GROUP = "kueue.x-k8s.io"
 VERSION = "v1beta1"
@@ -381,21 +378,6 @@ def queued_pod_sets(
             request = read_pod(_on_flavor(pod, flavor), names)
         out.append(QueuedPodSet(f"{namespace}/{name}", set_name, count, request, problem))
     return tuple(out)
-
-
-class ProblemLog:
-    """Logs each problem when it first appears and not again while it lasts, so one that
-    holds poll after poll (a Workload whose queue is unknown) is said once; one that goes
-    away and comes back is said again."""
-
-    def __init__(self) -> None:
-        self._said: frozenset[str] = frozenset()
-
-    def report(self, problems: Iterable[str | None]) -> None:
-        now = frozenset(p for p in problems if p)
-        for problem in sorted(now - self._said):
-            log.warning("%s", problem)
-        self._said = now
 
 
 def list_call(api: k8s.ApiClient, plural: str) -> Callable[..., Any]:

@@ -35,7 +35,9 @@ the cluster say now, so the loop is safe to kill and restart at any moment:
   job mix packed onto the pool's nodes (or `kubernetes.placeholder_gpus` GPUs each). With
   `pre_position: capacity-buffer` one CapacityBuffer per pool asks the node autoscaler for
   that room instead, in units of the pool's largest job, and each change of its replicas
-  is journaled like a resize.
+  is journaled like a resize; a buffer whose status says the autoscaler does not hold
+  that room (`capacity_buffers.not_ready`) is reported in the pass's outcome and logged
+  once, while it lasts.
 - Where the node autoscaler sizes the pools (`provider.kind: autoscaler`) gpuscale never
   resizes them and removes no node: the surplus the plan finds is left to the autoscaler's
   scale-down (no buffer or placeholder holds room on it). With `provider.scale_down:
@@ -59,6 +61,7 @@ from typing import Any
 import pandas as pd
 from pydantic import ValidationError
 
+from predictor.foundation.problem_log import ProblemLog
 from predictor.telemetry.kube_objects import KubeNames, read_pod
 from scaler.cluster.job import Job
 from scaler.cluster.pools import NodePool
@@ -74,6 +77,7 @@ from scaler.kube.capacity_buffers import (
     BufferSettings,
     BufferUnit,
     CapacityBuffers,
+    not_ready,
     unit_template,
 )
 from scaler.kube.drainability import CLUSTER_AUTOSCALER_RULES
@@ -668,6 +672,8 @@ class PassOutcome:
     actions: list[dict[str, Any]] = field(default_factory=list)
     errors: list[str] = field(default_factory=list)
     placeholders: dict[str, list[str]] | None = None
+    # CapacityBuffer name -> why the autoscaler does not hold its room (what its status says)
+    buffers_not_ready: dict[str, str] | None = None
 
     def to_dict(self) -> dict[str, Any]:
         return {
@@ -676,6 +682,7 @@ class PassOutcome:
             "plan": self.decision.to_dict(),
             "actions": self.actions,
             "placeholder_changes": self.placeholders,
+            "capacity_buffers_not_ready": self.buffers_not_ready,
             "errors": self.errors,
         }
 
@@ -699,6 +706,8 @@ class Reconciler:
         self.observe = observe  # `serve` shares one listing with its placement state
         self.identity = elector.identity if elector is not None else "local"
         self._dry_state: PlannerState | None = None  # a dry run's memory stays in memory
+        # The loop reads the buffers every pass; a buffer not ready is said when it shows.
+        self._buffer_problems = ProblemLog(log)
 
     # ---- deciding ------------------------------------------------------------------------
     def decide(self, state: PlannerState | None = None) -> PassDecision:
@@ -909,7 +918,7 @@ class Reconciler:
     ) -> None:
         assert self.system.kube is not None
         if kube.pre_position == "capacity-buffer":
-            outcome.actions.extend(self._set_buffers(decision, decision_id, kube.capacity_buffers))
+            self._set_buffers(decision, decision_id, kube.capacity_buffers, outcome)
         elif kube.pre_position == "placeholders":
             self._check_leader()
             try:
@@ -927,22 +936,32 @@ class Reconciler:
                 }
 
     def _set_buffers(
-        self, decision: PassDecision, decision_id: int, settings: BufferSettings
-    ) -> list[dict[str, Any]]:
+        self,
+        decision: PassDecision,
+        decision_id: int,
+        settings: BufferSettings,
+        outcome: PassOutcome,
+    ) -> None:
         """Bring each pool's PodTemplate and CapacityBuffer to the plan, one journaled
-        action per buffer that differs (none when all are as planned)."""
+        action per buffer that differs (none when all are as planned), and report the
+        buffers whose status says the autoscaler does not hold their room."""
         assert self.system.kube is not None
         buffers = CapacityBuffers(self.system.kube, settings)
         self._check_leader()
         try:
-            changes = buffers.changes(decision.buffers)
+            existing = buffers.current()
+            changes = buffers.changes(decision.buffers, existing)
         except KubeError as exc:
-            return [
+            outcome.actions.append(
                 {"action": "set_buffer", "node": None, "status": "failed"} | {"result": str(exc)}
-            ]
+            )
+            return
+        outcome.buffers_not_ready = {
+            name: why for name, found in sorted(existing.items()) if (why := not_ready(found))
+        }
+        self._buffer_problems.report(outcome.buffers_not_ready.values())
         reasons = {b.pool: b.reason for b in decision.buffers}
         log_ = self.system.log
-        done = []
         for change in changes:
             self._check_leader()
             action = log_.begin(
@@ -954,15 +973,14 @@ class Reconciler:
                 buffers.apply(change)
             except KubeError as exc:
                 log_.complete(action, "failed", str(exc))
-                done.append(entry | {"status": "failed", "result": str(exc)})
+                outcome.actions.append(entry | {"status": "failed", "result": str(exc)})
                 continue
             self.pause("acted")
             why = change.summary
             if change.pool in reasons:
                 why += f" ({reasons[change.pool]})"
             log_.complete(action, "done", why)
-            done.append(entry | {"status": "done", "result": why})
-        return done
+            outcome.actions.append(entry | {"status": "done", "result": why})
 
     def _grow(self, decision_id: int, group: Any, target: int, wanted: int) -> dict[str, Any]:
         self._check_leader()

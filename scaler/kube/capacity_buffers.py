@@ -17,6 +17,14 @@ its max size). `CapacityBuffers.changes` compares them with what the plan wants 
 `apply` writes one change; an object already as wanted is never written, so a repeated
 pass, or a restarted process, writes nothing. A buffer gpuscale made for a pool it no
 longer plans is set to 0 replicas (the RBAC grants no delete).
+
+gpuscale writes only the spec; whether the room is held shows in the status the
+autoscaler writes back (`not_ready`): Cluster Autoscaler's buffer controller sets
+`ReadyForProvisioning` False when it cannot turn the buffer into pods (a PodTemplate it
+cannot read, limits it cannot apply) and `LimitedByQuotas` True when ResourceQuotas cut
+its replicas, and its pod injection sets `Provisioning` False when it injects no pods.
+Such a buffer holds less room than the plan counts on, while its spec is as planned, so
+gpuscale writes nothing and reports it instead.
 """
 
 from __future__ import annotations
@@ -47,6 +55,12 @@ BUFFER_LABELS = {
 }
 BUFFER_SELECTOR = ",".join(f"{k}={v}" for k, v in BUFFER_LABELS.items())
 _DNS_LABEL = r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?$"
+# Status conditions (cluster-autoscaler/capacitybuffer/constants.go) and the reason pod
+# injection gives for a buffer of no replicas.
+READY_FOR_PROVISIONING = "ReadyForProvisioning"
+PROVISIONING = "Provisioning"
+LIMITED_BY_QUOTAS = "LimitedByQuotas"
+BUFFER_IS_EMPTY = "BufferIsEmpty"
 
 
 class BufferSettings(BaseModel):
@@ -152,6 +166,35 @@ def capacity_buffer(settings: BufferSettings, demand: BufferDemand) -> dict[str,
     }
 
 
+def not_ready(buffer: Mapping[str, Any]) -> str | None:
+    """Why the autoscaler does not hold the room a CapacityBuffer (JSON form) asks, as its
+    status conditions say (see the module docstring), or None when they say nothing
+    against it."""
+    status = buffer.get("status") or {}
+    conditions = {c.get("type"): c for c in status.get("conditions") or []}
+
+    def holds(kind: str, value: str) -> bool:
+        return (conditions.get(kind) or {}).get("status") == value
+
+    def said(kind: str) -> str:
+        c = conditions[kind]
+        return f"{kind} {c.get('status')} ({c.get('reason') or '-'}): {c.get('message') or ''}"
+
+    found = []
+    if holds(READY_FOR_PROVISIONING, "False"):
+        found.append(said(READY_FOR_PROVISIONING))
+    elif holds(PROVISIONING, "False") and not (
+        # Emptied on purpose: a buffer of 0 replicas holds what it asks.
+        conditions[PROVISIONING].get("reason") == BUFFER_IS_EMPTY
+        and not (buffer.get("spec") or {}).get("replicas")
+    ):
+        # Only for a ready buffer: for one not ready, pod injection repeats just that.
+        found.append(said(PROVISIONING))
+    if holds(LIMITED_BY_QUOTAS, "True"):
+        found.append(said(LIMITED_BY_QUOTAS))
+    return f"CapacityBuffer {buffer['metadata']['name']}: {'; '.join(found)}" if found else None
+
+
 @dataclass(frozen=True)
 class BufferChange:
     """What one pool's objects need: the PodTemplate made or updated (or neither), the
@@ -206,12 +249,14 @@ class CapacityBuffers:
         )
         return {b["metadata"]["name"]: b for b in listing.get("items") or []}
 
-    def changes(self, desired: Sequence[BufferDemand]) -> list[BufferChange]:
-        """What differs between the cluster and `desired` (reads only)."""
+    def changes(
+        self, desired: Sequence[BufferDemand], existing: Mapping[str, Mapping[str, Any]]
+    ) -> list[BufferChange]:
+        """What differs between the buffers `existing` (as `current` lists them) and
+        `desired` (reads only)."""
         pools = [d.pool for d in desired]
         if len(set(pools)) != len(pools):
             raise KubeError("a pool appears twice in the buffer spec")
-        existing = self.current()
         out = []
         for demand in desired:
             name = buffer_name(demand.pool)
