@@ -177,12 +177,12 @@ class Crash(Exception):
     pass
 
 
-def test_a_buffer_change_interrupted_is_settled_and_made_once(
-    tmp_path: Path, fake: FakeKube
-) -> None:
+def growing_pool(tmp_path: Path, fake: FakeKube) -> LiveConfig:
+    """One ready node of a100 whose demand jumps to three nodes' worth: the plan wants a
+    buffer of 3 units, under Cluster Autoscaler with CapacityBuffers."""
     ready_gpu_node(fake, "gpu-0")
     write_demand(tmp_path / "state", "a100", [8.0] * 4 + [24.0], step_s=60.0)
-    cfg = LiveConfig(
+    return LiveConfig(
         state_dir=tmp_path / "state",
         pools=[pool(min_size=1)],
         provider={"kind": "autoscaler"},
@@ -192,6 +192,12 @@ def test_a_buffer_change_interrupted_is_settled_and_made_once(
         placement={"mix": [UNIT]},
         lease={"enabled": False},
     )
+
+
+def test_a_buffer_change_interrupted_is_settled_and_made_once(
+    tmp_path: Path, fake: FakeKube
+) -> None:
+    cfg = growing_pool(tmp_path, fake)
 
     def crash(at: str) -> None:
         if at == "journaled":
@@ -222,18 +228,7 @@ def test_a_buffer_the_autoscaler_does_not_hold_is_reported_and_logged_once(
     """Cluster Autoscaler (the test) writes the buffer's status: while it says the buffer
     is not ready for provisioning, not provisioned or limited by quotas, each pass reports
     it, the change is logged once, and gpuscale writes nothing; a ready buffer is not."""
-    ready_gpu_node(fake, "gpu-0")
-    write_demand(tmp_path / "state", "a100", [8.0] * 4 + [24.0], step_s=60.0)
-    cfg = LiveConfig(
-        state_dir=tmp_path / "state",
-        pools=[pool(min_size=1)],
-        provider={"kind": "autoscaler"},
-        kubernetes={"host": fake.url, "pre_position": "capacity-buffer"},
-        model={"name": "persistence"},
-        policy=fast_policy(60.0),
-        placement={"mix": [UNIT]},
-        lease={"enabled": False},
-    )
+    cfg = growing_pool(tmp_path, fake)
     reconciler = Reconciler(LiveSystem.build(cfg))
     made = reconciler.iterate(apply=True)
     assert [a["action"] for a in made.actions] == ["set_buffer"]
