@@ -29,6 +29,7 @@ from predictor.telemetry.kube_objects import (
     SAFE_TO_EVICT_ANNOTATION,
     SAFE_TO_EVICT_LOCAL_VOLUMES_ANNOTATION,
     PodRequest,
+    requirement_holds,
 )
 from scaler.kube.errors import kube_call
 
@@ -113,14 +114,8 @@ def selector_matches(selector: k8s.V1LabelSelector | None, labels: Mapping[str, 
         return False
     if any(labels.get(k) != v for k, v in (selector.match_labels or {}).items()):
         return False
-    for term in selector.match_expressions or []:
-        present, values = term.key in labels, term.values or []
-        if term.operator == "In" and (not present or labels[term.key] not in values):
-            return False
-        if term.operator == "NotIn" and present and labels[term.key] in values:
-            return False
-        if term.operator == "Exists" and not present:
-            return False
-        if term.operator == "DoesNotExist" and present:
-            return False
-    return True
+    requirements = (
+        {"key": t.key, "operator": t.operator, "values": t.values}
+        for t in selector.match_expressions or []
+    )
+    return all(requirement_holds(r, labels) for r in requirements)
