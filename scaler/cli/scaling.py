@@ -18,6 +18,7 @@ if TYPE_CHECKING:
 
     from predictor.models.forecast import Forecaster
     from scaler.cluster.pools import NodePool
+    from scaler.evaluation.walk_ceiling import WalkCeiling
     from scaler.planning.planner import DemandOutlook, PlannerPolicy
 
 DEFAULT_MODEL = "gpuscale"
@@ -95,6 +96,16 @@ def bench_scaling(
             " steps.",
         ),
     ] = 10,
+    walks: Annotated[
+        int,
+        typer.Option(
+            "--walks",
+            min=0,
+            help="Also replay N memoryless random walks per series (changes drawn from its"
+            " own before the test window) under the best causal policy for them, matched"
+            " against the same buffers at lag 0: how much of the bar any forecast can reach.",
+        ),
+    ] = 0,
     json_out: Annotated[
         Path | None, typer.Option("--json", help="Write {suite, rows, summary} here.")
     ] = None,
@@ -112,13 +123,22 @@ def bench_scaling(
     actions per day and the replay time (model fitting and forecasting are timed apart, in
     `fit_seconds` and `forecast_seconds`). The summary sets each predictive point against
     its matched baseline, the cheapest baseline row with no more shortage node-steps
-    (saving = 1 - ours / matched), with the realised share of short steps.
+    (saving = 1 - ours / matched), with the realised share of short steps. With --walks,
+    `walk_ceiling` gives the same match for the best causal policy on random walks drawn
+    from each series' own changes (scaler/evaluation/walk_ceiling.py).
     """
     from rich.console import Console
     from rich.progress import track
 
     from predictor.data.loaders import load_trace
-    from scaler.evaluation.scaling_bench import BenchSettings, bench_trace, overview, summarize
+    from scaler.evaluation.scaling_bench import (
+        BenchSettings,
+        bench_trace,
+        overview,
+        summarize,
+        unneeded_steps,
+    )
+    from scaler.evaluation.walk_ceiling import walk_ceiling
     from scaler.planning.planner import PlannerPolicy
 
     output_file(json_out, "--json")
@@ -152,9 +172,11 @@ def bench_scaling(
         for spec in traces
     ]
     rows: list[dict[str, object]] = []
+    replayed = []
     console = Console(stderr=True)
     for trace in track(loaded, description="replaying traces", console=console):
         prepared, outcomes = bench_trace(trace, make_forecaster, settings)
+        replayed += [(p.series, unneeded_steps(p.step)) for p in prepared.series]
         for outcome in outcomes:
             row = outcome.row()
             if row["policy"] in ("predictive", "ces"):
@@ -165,8 +187,13 @@ def bench_scaling(
     summary = summarize(rows)
     overall = overview(summary)
     _print_rows(rows, summary, overall)
+    document = {"suite": "scaling", "rows": rows, "summary": summary, "overview": overall}
+    if walks:
+        knob_list = settings.knobs or (settings.policy.target_shortage,)
+        ceiling = walk_ceiling(replayed, knob_list, walks)
+        _print_walk_ceiling(ceiling)
+        document["walk_ceiling"] = ceiling.document()
     if json_out is not None:
-        document = {"suite": "scaling", "rows": rows, "summary": summary, "overview": overall}
         text = json.dumps(document, indent=2, default=jsonable)
         json_out.parent.mkdir(parents=True, exist_ok=True)
         write_text(json_out, text)
@@ -271,6 +298,38 @@ def _print_rows(
             )
         console.print(totals)
         console.print(_against_the_tuned_buffer(summary))
+
+
+def _print_walk_ceiling(ceiling: WalkCeiling) -> None:
+    from rich.table import Table
+
+    from scaler.evaluation.walk_ceiling import BAR_MEAN_SAVING
+
+    table = Table(
+        title=f"on memoryless demand ({ceiling.walks} random walks per series, L = 0): the best"
+        " causal policy against the cheapest buffer short no more"
+    )
+    columns = ("knob", "points", "matched", "mean saving", "worst", "dearer", "in band")
+    for column in columns:
+        table.add_column(column, justify="right")
+    for k in ceiling.by_knob:
+        mean, worst, dearer = k["mean_saving"], k["worst_saving"], k["share_dearer"]
+        table.add_row(
+            f"{k['knob']:g}",
+            str(k["points"]),
+            str(k["matched"]),
+            "n/a" if mean is None else f"{mean:+.1%}",
+            "n/a" if worst is None else f"{worst:+.1%}",
+            "n/a" if dearer is None else f"{dearer:.0%}",
+            f"{k['share_in_band']:.0%}",
+        )
+    console = table_console()
+    console.print(table)
+    console.print(
+        f"the bar (no point dearer, {BAR_MEAN_SAVING:.0%} less on average) held on "
+        f"{ceiling.runs_meeting_bar} of {ceiling.walks} sets of walks (one walk of every"
+        " series at every knob)"
+    )
 
 
 def _against_the_tuned_buffer(summary: Sequence[dict[str, object]]) -> str:

@@ -352,11 +352,26 @@ def baseline_runs(prepared: PreparedSeries, lag: int) -> list[ReplayOutcome]:
 
 
 def sweep_runs(prepared: PreparedSeries, lag: int) -> list[ReplayOutcome]:
-    """What teams run instead of a forecast, one row per setting: `headroom` (reactive plus
-    k spare nodes), `headroom-percent` (plus ceil(p x demand)), `rolling-max` (peak of the
-    last W steps plus b) and `ces` at multiples of its buffer (knob: the buffer in nodes)."""
-    s = prepared.series
-    unneeded = unneeded_steps(prepared.step)
+    """What teams run instead of a forecast, one row per setting: the buffers
+    (`buffer_sweep_runs`) and `ces` at multiples of its buffer (knob: the buffer in nodes)."""
+    out = buffer_sweep_runs(prepared.series, lag, unneeded_steps(prepared.step))
+    for m in CES_MULTIPLES:
+        buffer = whole_nodes(m * prepared.ces_buffer)
+        out.append(
+            replay(
+                prepared.series,
+                _ces(prepared, buffer),
+                lag,
+                {"knob": buffer, "buffer_multiple": m},
+            )
+        )
+    return out
+
+
+def buffer_sweep_runs(s: ReplaySeries, lag: int, unneeded: int) -> list[ReplayOutcome]:
+    """The spare-capacity buffers, one row per setting: `headroom` (reactive plus k spare
+    nodes), `headroom-percent` (plus ceil(p x demand)) and `rolling-max` (peak of the last W
+    steps plus b); they need nothing but the demand."""
 
     def reactive_on(name: str, wanted: np.ndarray, knob: float) -> ReplayOutcome:
         return replay(s, ReactiveRule(name, wanted, unneeded, s.warmup), lag, {"knob": knob})
@@ -376,9 +391,6 @@ def sweep_runs(prepared: PreparedSeries, lag: int) -> list[ReplayOutcome]:
         for w in ROLLING_WINDOWS
         for b in ROLLING_BUFFERS
     ]
-    for m in CES_MULTIPLES:
-        buffer = whole_nodes(m * prepared.ces_buffer)
-        out.append(replay(s, _ces(prepared, buffer), lag, {"knob": buffer, "buffer_multiple": m}))
     return out
 
 
