@@ -112,6 +112,14 @@ def test_on_flat_demand_the_only_saving_is_the_shortage_the_knob_allows() -> Non
     assert ceiling.document()["lag_steps"] == 0
 
 
+def test_an_idle_series_gives_no_points_rather_than_a_ratio_of_nothing() -> None:
+    ceiling = walk_ceiling([(hand_series([0.0] * 300, start=100), 1)], (0.01,), walks=2)
+    assert ceiling.points == [] and ceiling.runs_meeting_bar == 0
+    (knob,) = ceiling.by_knob
+    assert knob["points"] == knob["matched"] == 0
+    assert knob["mean_saving"] is None and knob["share_in_band"] is None
+
+
 def test_bench_scaling_walks_write_the_ceiling(traces_dir: Path, tmp_path: Path) -> None:
     from typer.testing import CliRunner
 

@@ -321,7 +321,7 @@ def _print_walk_ceiling(ceiling: WalkCeiling) -> None:
             "n/a" if mean is None else f"{mean:+.1%}",
             "n/a" if worst is None else f"{worst:+.1%}",
             "n/a" if dearer is None else f"{dearer:.0%}",
-            f"{k['share_in_band']:.0%}",
+            "n/a" if k["share_in_band"] is None else f"{k['share_in_band']:.0%}",
         )
     console = table_console()
     console.print(table)

@@ -87,11 +87,14 @@ def walk_points(
     series: ReplaySeries, knobs: Sequence[float], walk: int, unneeded: int
 ) -> list[Row]:
     """Walk number `walk` of `series`: the best causal policy at each knob (boot lag 0)
-    against the cheapest swept buffer (`reactive` included) with no more shortage."""
+    against the cheapest swept buffer (`reactive` included) with no more shortage; no
+    points where the walk stays at zero."""
     rng = np.random.default_rng([walk, zlib.crc32(f"{series.trace}/{series.series}".encode())])
     changes = changes_before_test(series)
     steps = WALK_WARMUP + series.end - series.start
     demand = memoryless_walk(changes, float(series.demand[series.start - 1]), steps, rng)
+    if not demand[WALK_WARMUP:].any():
+        return []  # a walk that stays at zero asks for nothing: no cost ratio to compare
     walked = ReplaySeries(
         trace=series.trace,
         series=series.series,
@@ -177,7 +180,9 @@ def walk_ceiling(
                 "mean_saving": float(np.mean(savings)) if savings else None,
                 "worst_saving": min(savings) if savings else None,
                 "share_dearer": float(np.mean([s < -1e-9 for s in savings])) if savings else None,
-                "share_in_band": float(np.mean([in_band(knob, p["short_share"]) for p in mine])),
+                "share_in_band": float(np.mean([in_band(knob, p["short_share"]) for p in mine]))
+                if mine
+                else None,
             }
         )
     held = 0
