@@ -11,6 +11,8 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 import pytest
+from replay_fixtures import STEP, bench_vc_slice
+from replay_fixtures import hand_series as series
 
 from predictor.data.loaders import load_trace
 from predictor.foundation.errors import InputError
@@ -23,7 +25,6 @@ from scaler.evaluation.replay import (
     PlannerPolicyRun,
     ReactiveRule,
     ReplayOutcome,
-    ReplaySeries,
     StaticPolicy,
     horizon_mean_weights,
     replay,
@@ -46,30 +47,10 @@ from scaler.evaluation.scaling_bench import (
 )
 from scaler.planning.planner import PlannerPolicy
 
-STEP = pd.Timedelta("10min")
-
 
 def empirical_model() -> Forecaster:
     """The benchmark's baseline quantile model: fast, and enough to drive the replay."""
     return build("empirical")
-
-
-def series(
-    demand: list[float], warmup: int = 1, start: int = 1, bound: list[float] | None = None
-) -> ReplaySeries:
-    d = np.asarray(demand, dtype=float)
-    return ReplaySeries(
-        trace="hand",
-        series="s",
-        ds=np.arange(d.size) * np.timedelta64(10, "m") + np.datetime64("2024-01-01"),
-        demand=d,
-        static=np.full(d.size, 10.0),
-        bound=None if bound is None else np.asarray(bound, dtype=float),
-        warmup=warmup,
-        start=start,
-        end=d.size,
-        step=STEP,
-    )
 
 
 @dataclass
@@ -551,24 +532,12 @@ def test_no_decision_reads_demand_at_or_after_its_step(traces_dir: Path) -> None
 
 
 def test_gpuscale_bench_scaling_writes_the_row_contract(traces_dir: Path, tmp_path: Path) -> None:
-    import json
-
-    from typer.testing import CliRunner
-
-    from scaler.cli import app
-
-    out = tmp_path / "scaling.json"
-    args = [
-        "bench", "scaling",
-        "--trace", f"helios-vc:{traces_dir / 'helios-earth' / 'vcTJs.csv.gz'}",
-        "--split", "2020-05-30", "--lag", "0", "--lag", "1",
-        "--model", "empirical", "--knob", "0.2", "--knob", "0.05", "--json", str(out),
-    ]  # fmt: skip
-    result = CliRunner().invoke(app, args)
-    assert result.exit_code == 0, result.output
+    result, document = bench_vc_slice(
+        traces_dir, tmp_path / "scaling.json", "--lag", "0", "--lag", "1", "--knob", "0.2",
+        "--knob", "0.05",
+    )  # fmt: skip
     assert "cost at matched shortage" in result.output
     assert "over 4 points" in result.output and "the buffer tuned the week before" in result.output
-    document = json.loads(out.read_text())
     assert document["suite"] == "scaling"
     fields = {
         "trace", "series", "lag_steps", "policy", "knob", "provisioning_ratio", "shortage_events",

@@ -4,14 +4,13 @@ forecast could reach."""
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 
 import numpy as np
-import pandas as pd
 import pytest
+from replay_fixtures import bench_vc_slice, hand_series
 
-from scaler.evaluation.replay import PlannedTargets, ReplaySeries, replay
+from scaler.evaluation.replay import PlannedTargets, replay
 from scaler.evaluation.scaling_bench import HEADROOM_NODES
 from scaler.evaluation.walk_ceiling import (
     changes_before_test,
@@ -20,25 +19,6 @@ from scaler.evaluation.walk_ceiling import (
     walk_ceiling,
     walk_points,
 )
-
-STEP = pd.Timedelta("10min")
-
-
-def hand_series(demand: list[float] | np.ndarray, start: int) -> ReplaySeries:
-    d = np.asarray(demand, dtype=float)
-    return ReplaySeries(
-        trace="hand",
-        series="s",
-        ds=np.arange(d.size) * np.timedelta64(10, "m") + np.datetime64("2024-01-01"),
-        demand=d,
-        static=None,
-        bound=None,
-        warmup=1,
-        start=start,
-        end=d.size,
-        step=STEP,
-    )
-
 
 # 97 flat steps and one rise each of 1, 2 and 3 nodes in 100 changes.
 LAW = np.array([0.0] * 97 + [1.0, 2.0, 3.0])
@@ -71,7 +51,7 @@ def test_a_walk_draws_its_changes_from_the_law_and_never_goes_negative() -> None
 def test_on_a_walk_the_ideal_policy_is_short_on_the_knobs_share_of_steps() -> None:
     rng = np.random.default_rng(2)
     demand = memoryless_walk(LAW, 50.0, 100_000, rng)
-    s = hand_series(demand, start=1)
+    s = hand_series(demand, start=1, static=None)
     last = np.concatenate(([0.0], demand[:-1]))
     for knob in (0.01, 0.015, 0.1):
         targets = np.maximum(last + ideal_spares(LAW, knob, demand.size, rng), 0)
@@ -121,21 +101,10 @@ def test_an_idle_series_gives_no_points_rather_than_a_ratio_of_nothing() -> None
 
 
 def test_bench_scaling_walks_write_the_ceiling(traces_dir: Path, tmp_path: Path) -> None:
-    from typer.testing import CliRunner
-
-    from scaler.cli import app
-
-    out = tmp_path / "scaling.json"
-    args = [
-        "bench", "scaling",
-        "--trace", f"helios-vc:{traces_dir / 'helios-earth' / 'vcTJs.csv.gz'}",
-        "--split", "2020-05-30", "--lag", "0", "--model", "empirical",
-        "--knob", "0.01", "--knob", "0.1", "--walks", "2", "--json", str(out),
-    ]  # fmt: skip
-    result = CliRunner().invoke(app, args)
-    assert result.exit_code == 0, result.output
+    options = ("--lag", "0", "--knob", "0.01", "--knob", "0.1", "--walks", "2")
+    result, document = bench_vc_slice(traces_dir, tmp_path / "scaling.json", *options)
     assert "on memoryless demand" in result.output and "sets of walks" in result.output
-    ceiling = json.loads(out.read_text())["walk_ceiling"]
+    ceiling = document["walk_ceiling"]
     assert ceiling["walks"] == 2 and ceiling["lag_steps"] == 0
     assert [k["knob"] for k in ceiling["by_knob"]] == [0.01, 0.1]
     assert len(ceiling["points"]) == 2 * 2
@@ -143,6 +112,5 @@ def test_bench_scaling_walks_write_the_ceiling(traces_dir: Path, tmp_path: Path)
         ceiling["points"][0]
     )
     # Reproducible: the same walks the next time.
-    again = CliRunner().invoke(app, args)
-    assert again.exit_code == 0
-    assert json.loads(out.read_text())["walk_ceiling"] == ceiling
+    _, again = bench_vc_slice(traces_dir, tmp_path / "again.json", *options)
+    assert again["walk_ceiling"] == ceiling
