@@ -7,6 +7,7 @@ import socket
 import threading
 import time
 from pathlib import Path
+from typing import Any
 
 import pandas as pd
 import pytest
@@ -14,8 +15,10 @@ from prometheus_client import generate_latest
 from typer.testing import CliRunner
 
 from predictor.foundation.errors import InputError
-from predictor.telemetry.collector import Collector, CollectorMetrics
-from predictor.telemetry.config import load_config
+from predictor.telemetry.collector import Collector, CollectorMetrics, build_sources
+from predictor.telemetry.config import POOL_METRICS, load_config
+from predictor.telemetry.kubernetes import PoolDemand, demand_batches
+from predictor.telemetry.prometheus import PrometheusSource
 from predictor.telemetry.sources import (
     BackfillSource,
     MetricBatch,
@@ -327,6 +330,61 @@ def test_environment_overrides_the_file(tmp_path: Path, monkeypatch: pytest.Monk
         "running",
         "pending",
     ]
+
+
+def test_with_the_kubernetes_source_the_prometheus_defaults_leave_it_the_pools_demand(
+    tmp_path: Path, fake: Any
+) -> None:
+    # Both sources wrote `gpu_demand`: the Kubernetes one per pool, the Prometheus defaults
+    # as one `cluster` series, and the scaler plans every series of the metric: the same
+    # pods twice over.
+    path = tmp_path / "collect.yaml"
+    kubeconfig = fake.write_kubeconfig(tmp_path / "kubeconfig")
+    path.write_text(
+        f"prometheus:\n  url: http://prometheus:9090\nkubernetes:\n  kubeconfig: {kubeconfig}\n"
+    )
+    config = load_config(path)
+    prometheus = config.prometheus_settings()
+    assert prometheus is not None
+    assert [s.metric for s in prometheus.series] == [
+        "gpu_util",
+        "gpu_fb_used_mib",
+        "gpu_fb_free_mib",
+    ]
+    sources = build_sources(config)
+    try:
+        assert isinstance(sources[0], PrometheusSource) and sources[0].settings == prometheus
+    finally:
+        for source in sources:
+            source.close()
+    # What the Kubernetes source writes is what the defaults leave out.
+    pool = PoolDemand("a100", running=8, pending=0, capacity=16, nodes=2, gpu_model="A100")
+    written = {b.metric for b in demand_batches([pool], T0, queue=True)}
+    assert written == POOL_METRICS
+
+
+def test_a_prometheus_series_of_a_pool_metric_beside_the_kubernetes_source_is_refused(
+    tmp_path: Path,
+) -> None:
+    path = tmp_path / "collect.yaml"
+    series = (
+        "  series:\n"
+        "    - {metric: gpu_util, query: DCGM_FI_DEV_GPU_UTIL}\n"
+        "    - {metric: pending, query: sum(kube_pod_info), unique_id: all}\n"
+    )
+    path.write_text(f"prometheus:\n  url: http://prometheus:9090\n{series}kubernetes: {{}}\n")
+    with pytest.raises(InputError, match="'pending' is written per pool by the kubernetes") as err:
+        load_config(path)
+    assert err.value.column == "prometheus.series.1.metric" and err.value.line == 5
+    # Renamed, it is a series of its own; without the Kubernetes source, it is the demand.
+    path.write_text(
+        "prometheus:\n  url: http://prometheus:9090\n"
+        f"{series.replace('metric: pending', 'metric: pending_ksm')}kubernetes: {{}}\n"
+    )
+    assert load_config(path).prometheus_settings() is not None
+    path.write_text(f"prometheus:\n  url: http://prometheus:9090\n{series}")
+    config = load_config(path)
+    assert config.prometheus_settings() == config.prometheus
 
 
 def test_collect_refuses_a_state_dir_or_metrics_port_it_cannot_use_before_any_sample(

@@ -312,10 +312,11 @@ class Collector:
 def build_sources(config: CollectorConfig) -> list[Source]:
     """The sources a config names, in a fixed order (history first)."""
     sources: list[Source] = []
-    if config.prometheus is not None:
+    prometheus = config.prometheus_settings()
+    if prometheus is not None:
         from predictor.telemetry.prometheus import PrometheusSource
 
-        sources.append(PrometheusSource(config.prometheus))
+        sources.append(PrometheusSource(prometheus))
     if config.kubernetes is not None:
         from predictor.telemetry.kubernetes import KubernetesSource
 

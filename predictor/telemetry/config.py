@@ -13,7 +13,8 @@ of a GPU; gpuscale's placeholders left out, by their namespace and, where
 kube-state-metrics exports pod labels (its `--metric-labels-allowlist` naming the
 placeholder label keys), by those labels. One difference remains: a pod sharing a GPU
 (the GPU-share annotation) is counted whole, since PromQL cannot turn an annotation's
-value into a number.
+value into a number. Beside the Kubernetes source, which writes the same metrics per pool,
+they are left out (`CollectorConfig.prometheus_settings`).
 """
 
 from __future__ import annotations
@@ -23,9 +24,9 @@ import socket
 from pathlib import Path
 from urllib.parse import urlsplit
 
-from pydantic import BaseModel, ConfigDict, Field, field_validator
+from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
-from predictor.foundation.config_files import FileSettings, load_model
+from predictor.foundation.config_files import FieldError, FileSettings, load_model
 from predictor.telemetry.kube_objects import KUBE_NAMES, MIG_COMPUTE_SLICES, MIG_PROFILE_STARTS
 from predictor.telemetry.sources import RetryPolicy
 
@@ -210,8 +211,17 @@ class RetrySettings(_Section):
         return RetryPolicy(self.attempts, self.base_delay_s, self.factor, self.max_delay_s)
 
 
+# What the Kubernetes source writes, one series per pool (`kubernetes.demand_batches`). The
+# scaler plans every series of its demand metric; a Prometheus series of one of these
+# metrics beside them (the default `cluster` one) would count the same pods twice.
+POOL_METRICS = frozenset({"gpu_demand", "running", "pending", "capacity", "nodes", "queued"})
+
+
 class CollectorConfig(FileSettings):
-    """What `gpuscale collect` samples, how often, and how hard it retries."""
+    """What `gpuscale collect` samples, how often, and how hard it retries. With both the
+    Kubernetes and the Prometheus source, the pools' demand is the Kubernetes source's: the
+    default Prometheus series leave its metrics out (`prometheus_settings`), and series set
+    by hand may not write them."""
 
     interval_s: int = Field(
         default=15,
@@ -223,6 +233,32 @@ class CollectorConfig(FileSettings):
     kubernetes: KubernetesSettings | None = None
     nvml: NvmlSettings | None = None
     retry: RetrySettings = RetrySettings()
+
+    @model_validator(mode="after")
+    def _one_source_per_pool_metric(self) -> CollectorConfig:
+        if self.prometheus is None or self.kubernetes is None:
+            return self
+        if "series" not in self.prometheus.model_fields_set:
+            return self
+        for i, series in enumerate(self.prometheus.series):
+            if series.metric in POOL_METRICS:
+                raise FieldError(
+                    f"prometheus.series.{i}.metric",
+                    f"{series.metric!r} is written per pool by the kubernetes source too;"
+                    " the scaler would count the same demand twice: rename it, or leave it"
+                    " to one source",
+                )
+        return self
+
+    def prometheus_settings(self) -> PrometheusSettings | None:
+        """The Prometheus source's settings as sampled: the default series without the
+        Kubernetes source's metrics when it is sampled too."""
+        if self.prometheus is None or self.kubernetes is None:
+            return self.prometheus
+        if "series" in self.prometheus.model_fields_set:
+            return self.prometheus  # checked to write none of them
+        kept = tuple(s for s in self.prometheus.series if s.metric not in POOL_METRICS)
+        return self.prometheus.model_copy(update={"series": kept})
 
 
 def load_config(path: Path) -> CollectorConfig:
