@@ -466,10 +466,40 @@ def test_metrics_count_the_moves_like_the_scale_actions(tmp_path: Path, fake: Fa
 
     assert value("gpuscale_defrag_moves_total", status="done") == outcome.count("done") >= 1
     assert value("gpuscale_defrag_moves_total", status="blocked") == 1
+    assert value("gpuscale_defrag_refused_moves") == 1
     assert value("gpuscale_defrag_runs_total", result="ok") == 1
     assert value("gpuscale_defrag_planned_moves") == len(outcome.report.steps)
     assert value("gpuscale_defrag_window_moves") == outcome.count("done")
     assert value("gpuscale_defrag_last_run_timestamp_seconds") == 1000.0
+
+
+def test_a_dry_run_counts_no_move_and_shows_what_a_budget_would_refuse(
+    tmp_path: Path, fake: FakeKube
+) -> None:
+    # Each dry-run pass of `defrag --every` foresaw the same refusal and counted it again
+    # among the moves blocked, though nothing was ever asked to move.
+    from scaler.controller.defrag import Defragmenter
+    from scaler.controller.metrics import DefragMetrics
+
+    fragmented(fake)
+    config = LiveConfig.model_validate(config_dict(tmp_path, fake))
+    assert config.kubernetes is not None
+    api = kube_client(config.kubernetes)
+    metrics = DefragMetrics()
+    for at in (1000.0, 1060.0):
+        outcome = Defragmenter(config, api, DecisionJournal(config.state_dir)).run(apply=False)
+        assert outcome.count("blocked") == 1
+        metrics.observe(outcome, at=at)
+    samples = {
+        s.labels["status"]: s.value
+        for family in metrics.registry.collect()
+        if family.name == "gpuscale_defrag_moves"
+        for s in family.samples
+        if s.name.endswith("_total")
+    }
+    assert samples == {}
+    assert metrics.registry.get_sample_value("gpuscale_defrag_refused_moves") == 1
+    assert metrics.registry.get_sample_value("gpuscale_defrag_runs_total", {"result": "ok"}) == 2
 
 
 # ---------------------------------------------------------------- MIG repartitions

@@ -200,9 +200,17 @@ class DefragMetrics:
         )
         self.moves = Counter(
             "gpuscale_defrag_moves",
-            "Planned moves by status (done; blocked: a PodDisruptionBudget refused it;"
-            " skipped: the node or GPU it was to free could not be; failed)",
+            "Moves of applied passes by status (done; blocked: a PodDisruptionBudget refused"
+            " it; skipped: the node or GPU it was to free could not be; failed)",
             ["status"],
+            registry=r,
+        )
+        # A dry run moves nothing: counting the refusals it foresees would add the same
+        # ones again every pass.
+        self.refused = Gauge(
+            "gpuscale_defrag_refused_moves",
+            "Planned moves the last pass found refused by a PodDisruptionBudget (a dry run"
+            " asks the API server's dry-run eviction)",
             registry=r,
         )
         self.planned = Gauge(
@@ -245,8 +253,10 @@ class DefragMetrics:
     def observe(self, outcome: DefragOutcome, at: float) -> None:
         report = outcome.report
         self.runs.labels("move_failed" if outcome.errors else "ok").inc()
-        for result in outcome.results:
-            self.moves.labels(result.status).inc()
+        if outcome.applied:
+            for result in outcome.results:
+                self.moves.labels(result.status).inc()
+        self.refused.set(outcome.count("blocked"))
         for change in outcome.repartitions:
             self.repartitions.labels(change.status).inc()
         self.planned.set(len(report.steps))
