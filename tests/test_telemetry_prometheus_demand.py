@@ -191,3 +191,19 @@ def test_no_gpu_pods_is_zero_and_no_kube_state_metrics_is_a_gap(prometheus) -> N
     assert answers(prometheus, kube_state_metrics(idle)) == dict.fromkeys(QUERIES, 0.0)
     # An outage of kube-state-metrics: none of its series, so no answer rather than a 0.
     assert answers(prometheus, {}) == dict.fromkeys(QUERIES)
+
+
+def test_two_kube_state_metrics_replicas_count_each_pod_once(prometheus) -> None:
+    """Unsharded kube-state-metrics replicas (two for availability) each export every
+    series; the copies differ only in the target they were scraped from. Summed as they
+    came, every container's GPUs counted twice."""
+    single = kube_state_metrics(PODS)
+    doubled: Values = {
+        family: {
+            tuple(sorted((*key, ("replica", replica)))): value
+            for key, value in series.items()
+            for replica in ("a", "b")
+        }
+        for family, series in single.items()
+    }
+    assert answers(prometheus, doubled) == pytest.approx(kubernetes_counts(PODS), rel=1e-12)

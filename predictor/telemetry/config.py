@@ -74,8 +74,13 @@ def _pod_gpus() -> str:
     """PromQL: GPU equivalents per pod and resource, as `pod_requests` counts them: its
     containers' requests summed, or its largest init container's if more. Each side is
     labelled apart first: `or` drops a right-hand series whose labels a left-hand one has,
-    and a comparison drops a pod missing on either side."""
-    containers = f"sum by (namespace, pod, resource) ({_in_gpus(_CONTAINER_REQUESTS)})"
+    and a comparison drops a pod missing on either side. A container's request is taken
+    once however many kube-state-metrics replicas export it (unsharded replicas, run for
+    availability, each export every series; their copies differ only in target labels)."""
+    containers = (
+        "sum by (namespace, pod, resource) (max by (namespace, pod, container, resource)"
+        f" ({_in_gpus(_CONTAINER_REQUESTS)}))"
+    )
     init = f"max by (namespace, pod, resource) ({_in_gpus(_INIT_REQUESTS)})"
     return (
         "max by (namespace, pod, resource) ("
