@@ -10,8 +10,9 @@ naming a resourceVersion is checked as a PUT is), pods have a `status`, `evictio
 Resources are declared in one table, so another kind is a line. Custom resources
 (CapacityBuffer, Karpenter's NodePool and NodeClaim, Kueue's Workload, ResourceFlavor,
 LocalQueue and ClusterQueue) are served at /apis/<group>/<version>/[namespaces/<ns>/]<plural>
-as a CRD's objects are, for CustomObjectsApi: defaults and validation rules of their CRDs
-(`admission`), a `status` subresource, and a generation counting changes of the spec.
+(Kueue's at v1beta2 and v1beta1, as Kueue 0.15 and later serve them; `unserved` takes a
+version away) as a CRD's objects are, for CustomObjectsApi: defaults and validation rules
+of their CRDs (`admission`), a `status` subresource, and a generation counting changes of the spec.
 `on_write` hooks let a test play a controller that reacts to writes.
 Set `faults` (an `ApiFaults`) and requests over HTTP fail now and then: 500s, and answers
 held past the client's timeout.
@@ -52,11 +53,16 @@ class ResourceKind:
     # A custom resource whose CRD declares the status subresource: over HTTP, writes to the
     # object leave its status alone and writes to /status change nothing else.
     status_subresource: bool = False
+    # Other versions a CRD serves the same objects at ("/apis/<group>/<version>").
+    also_at: tuple[str, ...] = ()
 
     @property
     def api_version(self) -> str:
         return self.prefix.removeprefix("/api/").removeprefix("/apis/")
 
+
+KUEUE_V1BETA2 = "/apis/kueue.x-k8s.io/v1beta2"
+KUEUE_V1BETA1 = "/apis/kueue.x-k8s.io/v1beta1"
 
 RESOURCES = (
     ResourceKind("/api/v1", "nodes", "Node", namespaced=False),
@@ -78,10 +84,16 @@ RESOURCES = (
     ),
     ResourceKind("/apis/karpenter.sh/v1", "nodepools", "NodePool", False, True),
     ResourceKind("/apis/karpenter.sh/v1", "nodeclaims", "NodeClaim", False, True),
-    ResourceKind("/apis/kueue.x-k8s.io/v1beta1", "workloads", "Workload", True, True),
-    ResourceKind("/apis/kueue.x-k8s.io/v1beta1", "resourceflavors", "ResourceFlavor", False),
-    ResourceKind("/apis/kueue.x-k8s.io/v1beta1", "localqueues", "LocalQueue", True, True),
-    ResourceKind("/apis/kueue.x-k8s.io/v1beta1", "clusterqueues", "ClusterQueue", False, True),
+    # Kueue 0.15 and later serve v1beta2 (stored) and the deprecated v1beta1.
+    *(
+        ResourceKind(KUEUE_V1BETA2, plural, kind, namespaced, status, also_at=(KUEUE_V1BETA1,))
+        for plural, kind, namespaced, status in (
+            ("workloads", "Workload", True, True),
+            ("resourceflavors", "ResourceFlavor", False, False),
+            ("localqueues", "LocalQueue", True, True),
+            ("clusterqueues", "ClusterQueue", False, True),
+        )
+    ),
 )
 
 # What a CRD's schema and validation rules make the API server do with a custom object on
@@ -306,8 +318,8 @@ def node_pool_admission(obj: Obj, old: Obj | None) -> None:
 
 
 def workload_admission(obj: Obj, old: Obj | None) -> None:
-    """kueue.x-k8s.io/v1beta1 Workload: 1 to 8 pod sets, each with a template and a count
-    >= 0 (1 by default), named "main" by default, a minCount from 1 to count; a Workload
+    """Kueue's Workload (v1beta2 and v1beta1 alike): 1 to 8 pod sets, each with a template
+    and a count >= 0 (1 by default), named "main" by default, a minCount from 1 to count; a Workload
     holding quota (QuotaReserved) with an admission assigns every pod set."""
     pod_sets = obj.get("spec", {}).get("podSets")
     if not isinstance(pod_sets, list) or not 1 <= len(pod_sets) <= 8:
@@ -344,10 +356,10 @@ def _stop_policy(kind: str, obj: Obj) -> None:
 
 
 def cluster_queue_admission(obj: Obj, old: Obj | None) -> None:
-    """kueue.x-k8s.io/v1beta1 ClusterQueue: each resource group covers 1 or more resources
-    and lists 1 or more flavors, each with as many resource quotas as the group covers (the
-    CRD's validation rule; Kueue's webhook also wants them in the same order); stopPolicy
-    defaulted."""
+    """Kueue's ClusterQueue (v1beta2 and v1beta1 alike): each resource group covers 1 or more
+    resources and lists 1 or more flavors, each with as many resource quotas as the group
+    covers (the CRD's validation rule; Kueue's webhook also wants them in the same order);
+    stopPolicy defaulted."""
     _stop_policy("ClusterQueue", obj)
     for i, group in enumerate(obj.get("spec", {}).get("resourceGroups") or []):
         covered = group.get("coveredResources") or []
@@ -367,7 +379,7 @@ def cluster_queue_admission(obj: Obj, old: Obj | None) -> None:
 
 
 def local_queue_admission(obj: Obj, old: Obj | None) -> None:
-    """kueue.x-k8s.io/v1beta1 LocalQueue: spec.clusterQueue cannot change once set;
+    """Kueue's LocalQueue (v1beta2 and v1beta1 alike): spec.clusterQueue cannot change once set;
     stopPolicy defaulted."""
     _stop_policy("LocalQueue", obj)
     before = (old or {}).get("spec", {}).get("clusterQueue")
@@ -407,6 +419,10 @@ class FakeKube:
         self.on_write: list[Callable[[str, str, Obj], None]] = []
         self._released = threading.Event()  # set at stop(): held answers end
         self.requests: list[tuple[str, str]] = []  # (method, path?query) as received
+        # Versions a test takes away ("/apis/<group>/<version>"): every path under them
+        # answers 404, as for a CRD that does not serve that version (an older or newer
+        # release of the controller that owns it).
+        self.unserved: set[str] = set()
         self._server: ThreadingHTTPServer | None = None
         self._thread: threading.Thread | None = None
 
@@ -702,7 +718,7 @@ class _Handler(BaseHTTPRequestHandler):
         if not rest:
             raise ApiError(404, "NotFound", f"no route for {parts.path}")
         kind = self.kube.kind(rest[0])
-        if kind.prefix != prefix:
+        if prefix in self.kube.unserved or prefix not in (kind.prefix, *kind.also_at):
             raise ApiError(404, "NotFound", f"no route for {parts.path}")
         name = rest[1] if len(rest) > 1 else None
         sub = rest[2] if len(rest) > 2 else None

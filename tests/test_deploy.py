@@ -49,7 +49,7 @@ KUBE_VERSION = "1.30.0"
 MONITORING = "monitoring.coreos.com/v1/ServiceMonitor"
 CAPACITY_BUFFER = "autoscaling.x-k8s.io/v1beta1/CapacityBuffer"
 NODE_POOL = "karpenter.sh/v1/NodePool"
-WORKLOAD = "kueue.x-k8s.io/v1beta1/Workload"
+WORKLOAD = "kueue.x-k8s.io/v1beta2/Workload"  # Kueue 0.15 and later
 
 
 def render(
@@ -234,6 +234,13 @@ def test_a_setup_fails_to_install_where_its_crd_is_not_served(setup: str) -> Non
     for missing in apis[1:]:
         with pytest.raises(helm.HelmRenderError, match=f"the cluster serves no {missing}"):
             render(values, api_versions=[a for a in apis if a != missing])
+
+
+def test_a_kueue_before_0_15_serving_v1beta1_only_is_enough() -> None:
+    setup = SETUPS["capacity-buffer-kueue"]
+    older = "kueue.x-k8s.io/v1beta1/Workload"
+    apis = [older if a == WORKLOAD else a for a in setup.api_versions]
+    assert by_kind(manifests(setup.values, api_versions=apis), "ConfigMap")
 
 
 def test_custom_resource_rules_only_for_the_setup_using_them() -> None:

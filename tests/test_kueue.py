@@ -14,19 +14,20 @@ from typing import Any
 
 import pandas as pd
 import pytest
-from fake_kube import FakeKube
+from fake_kube import KUEUE_V1BETA1, KUEUE_V1BETA2, FakeKube
+from kubernetes.client import ApiException
 from live_fixtures import fast_policy, pool
 
 from predictor.telemetry.config import KubernetesSettings
 from predictor.telemetry.kube_objects import KUBE_NAMES
 from predictor.telemetry.kubernetes import UNPOOLED, KubernetesSource, api_client
-from predictor.telemetry.kueue import queued_pod_sets, read_queues
+from predictor.telemetry.kueue import WORKLOADS, list_call, queued_pod_sets, read_queues
 from predictor.telemetry.sources import SourceError
 from predictor.telemetry.store import TelemetryStore
 from scaler.controller.config import LiveConfig
 from scaler.controller.reconcile import Reconciler
 from scaler.controller.system import LiveSystem
-from scaler.kube.kueue import queued_jobs, with_queue
+from scaler.kube.kueue import queued_jobs, read_queue, with_queue
 from scaler.kube.observed import observe_cluster
 
 POOL = "gpuscale.io/pool"
@@ -441,6 +442,44 @@ def test_the_collector_counts_the_queue_once(fake: FakeKube, kueue_cluster) -> N
         assert after["running"] == {"a100": 24.0} and after["gpu_demand"] == {"a100": 24.0}
     finally:
         source.close()
+
+
+@pytest.mark.parametrize(
+    ("unserved", "served"),
+    [(KUEUE_V1BETA1, KUEUE_V1BETA2), (KUEUE_V1BETA2, KUEUE_V1BETA1)],
+    ids=["kueue-past-v1beta1", "kueue-before-0.15"],
+)
+def test_the_queue_is_read_at_the_version_kueue_serves(
+    fake: FakeKube, kueue_cluster, unserved: str, served: str
+) -> None:
+    # gpuscale read v1beta1 only: a Kueue that stops serving it (v1beta2 is its storage
+    # version from 0.16) answered 404 to every list, and the queue was never demand.
+    fake.unserved.add(unserved)
+    fake.create("workloads", workload("train", [("workers", 2, template(8))], flavor="a100-flavor"))
+    source = KubernetesSource(kueue_cluster)
+    try:
+        assert demand_of(source)["queued"] == {"a100": 16.0}
+    finally:
+        source.close()
+    pod_sets = read_queue(api_client(kueue_cluster), KUBE_NAMES)  # the live loop's pass
+    assert [(p.workload, p.count, p.pod.wanted_pool) for p in pod_sets] == [("ml/train", 2, "a100")]
+    kueue_paths = [p for _, p in fake.requests if p.startswith("/apis/kueue.x-k8s.io/")]
+    assert any(p.startswith(f"{served}/workloads") for p in kueue_paths)
+    assert not any(p.startswith(f"{unserved}/workloads") for p in kueue_paths)
+
+
+def test_an_upgrade_of_kueue_past_the_version_read_is_followed(
+    fake: FakeKube, kueue_cluster
+) -> None:
+    fake.unserved.add(KUEUE_V1BETA2)  # Kueue before 0.15
+    fake.create("workloads", workload("train", [("workers", 2, template(8))], flavor="a100-flavor"))
+    workloads = list_call(api_client(kueue_cluster), WORKLOADS)
+    assert len(workloads()["items"]) == 1 and workloads.version == "v1beta1"
+    fake.unserved = {KUEUE_V1BETA1}  # upgraded to a Kueue that serves v1beta2 only
+    with pytest.raises(ApiException) as gone:
+        workloads()
+    assert gone.value.status == 404 and workloads.version is None  # asked again next time
+    assert len(workloads()["items"]) == 1 and workloads.version == "v1beta2"
 
 
 def test_a_quota_waiting_workload_counts_for_its_queues_flavor(

@@ -195,8 +195,8 @@ class KubernetesSettings(_Section):
     )
     kueue: bool = Field(
         default=False,
-        description="count pending Kueue Workloads (kueue.x-k8s.io/v1beta1) as demand of the"
-        " pools they target, before their pods exist",
+        description="count pending Kueue Workloads (kueue.x-k8s.io, v1beta2 or v1beta1, the newest"
+        " served) as demand of the pools they target, before their pods exist",
     )
     watch_timeout_s: int = Field(default=300, ge=1, description="server-side watch timeout")
     request_timeout_s: float = Field(default=10.0, gt=0)

@@ -1,4 +1,4 @@
-"""Kueue's queue as demand: the pending Workloads (kueue.x-k8s.io/v1beta1).
+"""Kueue's queue as demand: the pending Workloads (kueue.x-k8s.io, v1beta2 or v1beta1).
 
 A job Kueue manages stays suspended, without pods, until Kueue admits its Workload, so the
 queue is where its demand shows first. Each pod set of a pending Workload (`count` pods of
@@ -43,13 +43,17 @@ happen; why is its `admission_gate`, which the collector logs once. An admitted 
 is left out: its pods exist, or are being made, and are counted as pods, so nothing is
 counted twice. A Workload's pod sets are admitted together (all or nothing), and its podset
 topology request is read as Kueue's podset topology annotations are.
+
+Kueue serves its kinds at v1beta2 from 0.15 on (its storage version from 0.16) and
+deprecates v1beta1, which later releases stop serving; Kueue before 0.15 serves v1beta1
+only. Every field read here is the same in both, so the objects are read at the newest
+version the API server serves (`served_version`).
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
-from functools import partial
 from typing import Any
 
 from kubernetes import client as k8s
@@ -69,7 +73,7 @@ from predictor.telemetry.kube_objects import (
 )
 
 GROUP = "kueue.x-k8s.io"
-VERSION = "v1beta1"
+VERSIONS = ("v1beta2", "v1beta1")  # newest first
 WORKLOADS = "workloads"
 FLAVORS = "resourceflavors"
 LOCAL_QUEUES = "localqueues"
@@ -380,8 +384,47 @@ def queued_pod_sets(
     return tuple(out)
 
 
-def list_call(api: k8s.ApiClient, plural: str) -> Callable[..., Any]:
+def served_version(custom: k8s.CustomObjectsApi, timeout: Any = None) -> str:
+    """The newest of `VERSIONS` the API server serves Kueue's kinds at, asked with a one-item
+    list of ResourceFlavors (a version it does not serve answers 404); the oldest when it
+    serves none of the newer ones (a cluster without Kueue then answers 404 there)."""
+    for version in VERSIONS[:-1]:
+        try:
+            custom.list_cluster_custom_object(
+                GROUP, version, FLAVORS, limit=1, _request_timeout=timeout
+            )
+        except k8s.ApiException as exc:
+            if exc.status == 404:
+                continue
+            raise
+        return version
+    return VERSIONS[-1]
+
+
+@dataclass
+class KueueList:
     """The list call of one of Kueue's kinds (`WORKLOADS`, `FLAVORS`, `LOCAL_QUEUES`,
-    `CLUSTER_QUEUES`), every namespace's objects of a namespaced kind (for an informer:
-    list, then watch)."""
-    return partial(k8s.CustomObjectsApi(api).list_cluster_custom_object, GROUP, VERSION, plural)
+    `CLUSTER_QUEUES`), every namespace's objects of a namespaced kind, and with watch=True
+    its watch (for an informer: list, then watch), at the version the API server serves:
+    asked at the first call, and again after a 404, when Kueue was upgraded past it."""
+
+    custom: k8s.CustomObjectsApi
+    plural: str
+    version: str | None = None
+
+    def __call__(self, **kwargs: Any) -> Any:
+        if self.version is None:
+            self.version = served_version(self.custom, kwargs.get("_request_timeout"))
+        try:
+            return self.custom.list_cluster_custom_object(
+                GROUP, self.version, self.plural, **kwargs
+            )
+        except k8s.ApiException as exc:
+            if exc.status == 404:
+                self.version = None
+            raise
+
+
+def list_call(api: k8s.ApiClient, plural: str) -> KueueList:
+    """The list call of one of Kueue's kinds (`KueueList`)."""
+    return KueueList(k8s.CustomObjectsApi(api), plural)

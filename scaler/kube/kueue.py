@@ -28,11 +28,11 @@ from predictor.telemetry.kueue import (
     FLAVORS,
     GROUP,
     LOCAL_QUEUES,
-    VERSION,
     WORKLOADS,
     QueuedPodSet,
     queued_pod_sets,
     read_queues,
+    served_version,
 )
 from scaler.cluster.job import Job
 from scaler.kube.errors import kube_call
@@ -45,9 +45,10 @@ def read_queue(api: k8s.ApiClient, names: KubeNames) -> list[QueuedPodSet]:
     cannot answer (a cluster without Kueue's CRDs answers 404)."""
     custom = k8s.CustomObjectsApi(api)
     what = "read Kueue's Workloads, ResourceFlavors, LocalQueues and ClusterQueues"
+    version = kube_call(what, lambda: served_version(custom))
 
     def items(plural: str) -> list[Any]:
-        listing = kube_call(what, lambda: custom.list_cluster_custom_object(GROUP, VERSION, plural))
+        listing = kube_call(what, lambda: custom.list_cluster_custom_object(GROUP, version, plural))
         return listing.get("items") or []
 
     queues = read_queues(items(FLAVORS), items(LOCAL_QUEUES), items(CLUSTER_QUEUES))

@@ -95,13 +95,14 @@ install fails here, naming its CRD, rather than leaving a scaler that fails ever
 {{- if eq .Values.actuator "karpenter" -}}
 {{- $apis = append $apis "karpenter.sh/v1/NodePool" -}}
 {{- end -}}
-{{- if .Values.kueue.enabled -}}
-{{- $apis = append $apis "kueue.x-k8s.io/v1beta1/Workload" -}}
-{{- end -}}
 {{- range $apis -}}
 {{- if not ($.Capabilities.APIVersions.Has .) -}}
 {{- fail (printf "the cluster serves no %s: install its CRD first (deploy/README.md), or give helm template --api-versions %s" . .) -}}
 {{- end -}}
+{{- end -}}
+{{- /* Kueue 0.15 and later serve v1beta2 (and, for a while, the deprecated v1beta1); older ones v1beta1: gpuscale reads either. */ -}}
+{{- if and .Values.kueue.enabled (not (or (.Capabilities.APIVersions.Has "kueue.x-k8s.io/v1beta2/Workload") (.Capabilities.APIVersions.Has "kueue.x-k8s.io/v1beta1/Workload"))) -}}
+{{- fail "the cluster serves no kueue.x-k8s.io/v1beta2/Workload nor v1beta1: install Kueue first (deploy/README.md), or give helm template --api-versions kueue.x-k8s.io/v1beta2/Workload" -}}
 {{- end -}}
 {{- end -}}
 
