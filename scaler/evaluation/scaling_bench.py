@@ -423,10 +423,15 @@ def lower_envelope(baselines: Sequence[Row]) -> list[Row]:
     return out
 
 
-def matched_baseline(envelope: Sequence[Row], shortage: float) -> Row | None:
-    """The cheapest baseline with no more than `shortage` node-steps short (None: none)."""
+def matched_baseline(envelope: Sequence[Row], row: Row) -> tuple[Row | None, float | None]:
+    """The cheapest baseline of `envelope` short on no more node-steps than `row`, and the
+    saving of `row` against it, 1 - its ratio / the baseline's (None, None: none is)."""
+    shortage = float(row["shortage_node_steps"])
     within = [r for r in envelope if r["shortage_node_steps"] <= shortage]
-    return within[-1] if within else None
+    if not within:
+        return None, None
+    match = within[-1]
+    return match, 1 - float(row["provisioning_ratio"]) / float(match["provisioning_ratio"])
 
 
 def tuned_buffer(baselines: Sequence[Row], knob: float) -> Row | None:
@@ -473,7 +478,7 @@ def summarize(rows: Sequence[Row]) -> list[Row]:
         by_policy = {r["policy"]: r for r in group if r.get("knob") is None}
         reactive, oracle = by_policy.get("reactive"), by_policy.get("oracle")
         for ours in (r for r in group if r["policy"] == "predictive"):
-            match = matched_baseline(envelope, float(ours["shortage_node_steps"]))
+            match, saving = matched_baseline(envelope, ours)
             tuned = tuned_buffer(baselines, float(ours["knob"]))
             out.append(
                 {
@@ -493,9 +498,7 @@ def summarize(rows: Sequence[Row]) -> list[Row]:
                     "matched_ratio": None if match is None else match["provisioning_ratio"],
                     "matched_events": None if match is None else match["shortage_events"],
                     "matched_node_steps": None if match is None else match["shortage_node_steps"],
-                    "saving": None
-                    if match is None
-                    else 1 - ours["provisioning_ratio"] / match["provisioning_ratio"],
+                    "saving": saving,
                     "reactive_node_steps": None
                     if reactive is None
                     else reactive["shortage_node_steps"],
@@ -547,7 +550,7 @@ def _against_tuned(ours: Row, tuned: Row | None, envelope: Sequence[Row]) -> Row
     lands."""
     if tuned is None:
         return dict.fromkeys(_TUNED_FIELDS)
-    best = matched_baseline(envelope, float(tuned["shortage_node_steps"]))
+    _, tuned_matched_saving = matched_baseline(envelope, tuned)
     ratio, short = float(ours["provisioning_ratio"]), float(ours["shortage_node_steps"])
     their_ratio, their_short = (
         float(tuned["provisioning_ratio"]),
@@ -562,9 +565,7 @@ def _against_tuned(ours: Row, tuned: Row | None, envelope: Sequence[Row]) -> Row
         "tuned_node_steps": their_short,
         "tuned_short_share": tuned["shortage_events"] / tuned["steps"],
         "tuned_saving": 1 - ratio / their_ratio,
-        "tuned_matched_saving": None
-        if best is None
-        else 1 - their_ratio / best["provisioning_ratio"],
+        "tuned_matched_saving": tuned_matched_saving,
         "no_worse_on_both": {
             (True, True): "both",
             (True, False): "ours",

@@ -115,7 +115,7 @@ def walk_points(
     for knob in knobs:
         targets = np.maximum(last + ideal_spares(changes, knob, steps, rng), 0)
         ours = replay(walked, PlannedTargets("ideal", targets), 0).row()
-        match = matched_baseline(envelope, float(ours["shortage_node_steps"]))
+        match, saving = matched_baseline(envelope, ours)
         points.append(
             {
                 "trace": series.trace,
@@ -128,9 +128,7 @@ def walk_points(
                 "short_share": ours["shortage_events"] / ours["steps"],
                 "matched": None if match is None else row_label(match),
                 "matched_ratio": None if match is None else match["provisioning_ratio"],
-                "saving": None
-                if match is None
-                else 1 - ours["provisioning_ratio"] / match["provisioning_ratio"],
+                "saving": saving,
             }
         )
     return points
