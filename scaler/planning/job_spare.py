@@ -73,6 +73,27 @@ class NodeRequests:
 
 
 @dataclass(frozen=True, slots=True)
+class ScheduledNodes:
+    """A group's known demand ahead: whole nodes that scheduled jobs (CronJobs) will ask
+    for, each `minutes_ahead` after this call. Their nodes are held as spare from a boot
+    before they fire, on top of the spare sized for the requests nobody announced."""
+
+    minutes_ahead: tuple[float, ...] = ()
+    nodes: tuple[int, ...] = ()
+
+    def __post_init__(self) -> None:
+        if len(self.minutes_ahead) != len(self.nodes):
+            raise ValueError("scheduled nodes need one time per run")
+        if any(n <= 0 for n in self.nodes):
+            raise ValueError("a scheduled run asks for at least one node")
+
+    def due(self, within_minutes: float) -> int:
+        """Nodes of the runs firing from now to `within_minutes` ahead."""
+        return sum(n for m, n in zip(self.minutes_ahead, self.nodes, strict=True)
+                   if 0 <= m <= within_minutes)
+
+
+@dataclass(frozen=True, slots=True)
 class SpareReplay:
     """One group's replay of every spare level (index = spare nodes), as of `minute` (the
     planner's clock: minutes since its first call)."""

@@ -50,7 +50,13 @@ from scaler.planning.buffer_tuning import (
     replay_rules,
     target_of,
 )
-from scaler.planning.job_spare import GroupSpare, NodeRequests, SpareReplay, choose_spares
+from scaler.planning.job_spare import (
+    GroupSpare,
+    NodeRequests,
+    ScheduledNodes,
+    SpareReplay,
+    choose_spares,
+)
 from scaler.planning.margin import ConformalMargin
 
 Mode = Literal["static", "reactive", "predictive", "hybrid"]
@@ -168,6 +174,10 @@ class DemandOutlook:
     `requests` is job-level input, from a caller that sees the jobs (the job simulator): the
     whole nodes they asked for since the previous call; where given, the group's spare
     nodes are sized on them (`job_spare`) instead of on the demand history.
+    `request_rate` (job level): the forecast of the GPUs those requests will ask per hour
+    over the hour a boot ahead, when nodes asked for now serve (`predictor.models.requests`);
+    None leaves the spare to the seasonal table of the requests seen. `scheduled` (job
+    level): the nodes scheduled jobs (CronJobs) will ask for, and when.
     """
 
     group: str
@@ -176,6 +186,8 @@ class DemandOutlook:
     values: np.ndarray = field(default_factory=lambda: np.empty((0, 0)))
     gpu_models: frozenset[str] | None = None
     requests: NodeRequests | None = None
+    request_rate: float | None = None
+    scheduled: ScheduledNodes | None = None
 
     def quantile(self, level: float) -> np.ndarray:
         """Forecast of `level` over every row (exact level, as the planner asks for)."""
