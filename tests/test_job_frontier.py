@@ -12,6 +12,7 @@ import pytest
 from test_simulator import BEGIN, LEVELS, flat_outlook, gpu_pool, jobs
 
 from scaler.evaluation.job_frontier import (
+    ABLATIONS,
     HEADROOM_NODES,
     JobRun,
     _run_all,
@@ -96,13 +97,24 @@ def test_spare_nodes_belong_to_headroom_mode_only() -> None:
 
 
 def test_runs_are_reactive_headroom_then_predictive_with_the_default_marked() -> None:
-    runs = job_runs(PlannerPolicy(job_wait_share=0.5), HEADROOM_NODES, (0.1, 0.01, 0.5))
+    runs = job_runs(
+        PlannerPolicy(job_wait_share=0.5),
+        HEADROOM_NODES,
+        (0.1, 0.01, 0.5),
+        ("predictive-seasonal", "predictive-flat"),
+        (0.2,),
+    )
     assert [(r.mode, r.knob, r.default) for r in runs] == [
         ("reactive", None, False),
-        *[("headroom", k, False) for k in (1, 2, 3, 4)],
+        *[("headroom", k, False) for k in range(1, 9)],
         ("predictive", 0.01, False),
         ("predictive", 0.1, False),
         ("predictive", 0.5, True),
+        # The ablations at their knobs and the default's, none marked default.
+        ("predictive-seasonal", 0.2, False),
+        ("predictive-seasonal", 0.5, False),
+        ("predictive-flat", 0.2, False),
+        ("predictive-flat", 0.5, False),
     ]
 
 
@@ -205,10 +217,17 @@ def test_gpuscale_simulate_synthetic_frontier_json(tmp_path: Path) -> None:
     labels = [(r["mode"], r["knob"], r["default"]) for r in summary["rows"]]
     assert labels == [
         ("reactive", None, False),
-        *[("headroom", k, False) for k in (1, 2, 3, 4)],
+        *[("headroom", k, False) for k in range(1, 9)],
         ("predictive", 0.01, False),
         ("predictive", 0.2, True),
+        # Each ablation at the knobs asked for and the default's. Three days hold no day
+        # of history before the warm-up: no headroom tuned on it, no request model.
+        *[(m, k, False) for m in ABLATIONS for k in (0.01, 0.2)],
     ]
+    assert summary["request_forecast"] is None
+    assert {(a["against"], a["knob"]) for a in summary["ablations"]} == {
+        (m, k) for m in ABLATIONS for k in (0.01, 0.2)
+    }
     for r in summary["rows"]:
         assert set(r) >= ROW_FIELDS
         assert r["wait_p99_min"] >= r["wait_p95_min"] >= 0
@@ -234,8 +253,13 @@ def test_gpuscale_simulate_synthetic_frontier_json(tmp_path: Path) -> None:
 
     own = CliRunner().invoke(app, [*args, "--wait-share", "0.5", "--json"])
     assert own.exit_code == 0, own.output
-    ours = [(r["knob"], r["default"]) for r in json.loads(own.output)["rows"][5:]]
+    rows = json.loads(own.output)["rows"]
+    ours = [(r["knob"], r["default"]) for r in rows if r["mode"] == "predictive"]
     assert ours == [(0.5, True)]
+    # Without --frontier the ablations run at the default's knob alone.
+    assert [(r["mode"], r["knob"]) for r in rows if r["mode"] in ABLATIONS] == [
+        (m, 0.5) for m in ABLATIONS
+    ]
     # Each mode's knob is its own: the other one's is refused, not ignored.
     mixed = CliRunner().invoke(app, [*args, "--target-shortage", "0.01"])
     assert mixed.exit_code != 0 and "--wait-share" in mixed.output

@@ -12,7 +12,7 @@ import pytest
 import scaler.evaluation.job_simulator as job_simulator
 from predictor.models import build
 from scaler.cluster.pools import NodePool
-from scaler.evaluation.job_frontier import compare_on_workload
+from scaler.evaluation.job_frontier import ABLATIONS, compare_on_workload
 from scaler.evaluation.job_simulator import JobSimResult, simulate_jobs, simulator_snapshot
 from scaler.evaluation.synthetic import generate, load_config
 from scaler.placement.estimator import estimate_scale_up
@@ -371,7 +371,7 @@ def test_gpuscale_simulate_synthetic_compares_the_modes(tmp_path: Path) -> None:
     result = CliRunner().invoke(app, [*args, "--json"])
     assert result.exit_code == 0, result.output
     summary = json.loads(result.output)
-    modes = ["reactive", *["headroom"] * 4, "predictive"]
+    modes = ["reactive", *["headroom"] * 8, "predictive", *ABLATIONS]
     assert [row["mode"] for row in summary["rows"]] == modes
     assert summary["placement"] == {"policy": "gpuscale", "queue": "fifo"}
     assert "placement gpuscale, queue fifo" in summary["title"]

@@ -12,6 +12,8 @@ import yaml
 from predictor.foundation.errors import InputError
 from scaler.cluster.pools import NodePool
 from scaler.evaluation.synthetic import (
+    ScheduledConfig,
+    WorkloadConfig,
     default_config_path,
     generate,
     load_config,
@@ -46,8 +48,9 @@ def test_shape(week) -> None:
     jobs = week.jobs
     assert list(jobs.columns) == [
         "job_id", "stream", "kind", "pool", "submit", "gpus", "gpu_milli", "cpu_milli",
-        "memory_mib", "duration_min", "priority",
+        "memory_mib", "duration_min", "priority", "scheduled",
     ]  # fmt: skip
+    assert not jobs["scheduled"].any()  # the default workload has no CronJob
     assert jobs["job_id"].is_unique and jobs["submit"].is_monotonic_increasing
     assert set(jobs["kind"]) == {"training", "inference"}
     assert (jobs["submit"] < week.end).all()
@@ -132,3 +135,57 @@ def test_unreadable_config(tmp_path: Path) -> None:
     with pytest.raises(InputError, match="YAML") as caught:
         load_config(broken)
     assert caught.value.line is not None
+
+
+def test_scheduled_runs_fire_at_their_cron_times_and_stay_out_of_the_intensity() -> None:
+    config = load_config().model_copy(
+        update={
+            "scheduled": [
+                ScheduledConfig(
+                    name="nightly-eval", pool="a100", cron="30 2 * * *", gpus=32,
+                    duration_minutes=90,
+                )
+            ]
+        }
+    )  # fmt: skip
+    plain = generate(load_config(), seed=3, days=4)
+    with_runs = generate(config, seed=3, days=4)
+    runs = with_runs.jobs[with_runs.jobs["scheduled"]]
+    # The warm-up's runs (3 days) still running at the start are gone: one run a night.
+    assert list(runs["submit"]) == [
+        pd.Timestamp("2024-01-01 02:30") + pd.Timedelta(days=d) for d in range(4)
+    ]
+    assert set(runs["gpus"]) == {32} and set(runs["duration_min"]) == {90}
+    # The random streams are drawn as before, and their true intensity ignores the runs.
+    rest = with_runs.jobs[~with_runs.jobs["scheduled"]].drop(columns="job_id")
+    assert rest.reset_index(drop=True).equals(plain.jobs.drop(columns="job_id"))
+    assert with_runs.intensity.equals(plain.intensity)
+    assert with_runs.demand["y"].sum() > plain.demand["y"].sum()
+
+
+def test_intensity_is_the_expected_gpus_a_minute_of_the_random_streams(week) -> None:
+    intensity = week.intensity
+    assert list(intensity.columns) == ["unique_id", "ds", "y"]
+    assert len(intensity) == len(week.demand)
+    asked = week.jobs[week.jobs["submit"] >= week.start]
+    for pool, rows in intensity.groupby("unique_id"):
+        mine = asked[asked["pool"] == pool]
+        drawn = float((mine["gpus"] * mine["gpu_milli"] / 1000).sum())
+        # A week of Poisson draws lands near its expectation.
+        assert drawn == pytest.approx(rows["y"].sum(), rel=0.15)
+
+
+def test_a_scheduled_run_names_a_known_pool_and_a_cron_expression() -> None:
+    base = load_config().model_dump()
+    bad_pool = {**base, "scheduled": [{"name": "x", "pool": "v100", "cron": "0 * * * *",
+                                       "gpus": 8, "duration_minutes": 10}]}  # fmt: skip
+    with pytest.raises(ValueError, match="unknown pool 'v100'"):
+        WorkloadConfig.model_validate(bad_pool)
+    bad_cron = {**bad_pool, "scheduled": [{**bad_pool["scheduled"][0], "pool": "a100",
+                                           "cron": "every night"}]}  # fmt: skip
+    with pytest.raises(ValueError, match="5-field cron"):
+        WorkloadConfig.model_validate(bad_cron)
+    ragged = {**bad_pool, "scheduled": [{**bad_pool["scheduled"][0], "pool": "a100",
+                                         "gpus": 12}]}  # fmt: skip
+    with pytest.raises(ValueError, match="whole nodes"):
+        WorkloadConfig.model_validate(ragged)

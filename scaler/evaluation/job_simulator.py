@@ -48,9 +48,9 @@ import math
 import time
 from collections import Counter, deque
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 from datetime import datetime, timedelta
-from typing import Literal
+from typing import Literal, Protocol
 
 import numpy as np
 import pandas as pd
@@ -71,6 +71,7 @@ from scaler.placement.policies import DEFAULT_POLICY, Policy, make_policy
 from scaler.placement.preemption import preempt
 from scaler.placement.queue import Order, QueuePolicy, admission_order
 from scaler.placement.scale_down import check_removals
+from scaler.planning.job_spare import ScheduledNodes
 from scaler.planning.planner import (
     DemandOutlook,
     FleetCapacity,
@@ -96,7 +97,41 @@ WARMUP = pd.Timedelta(days=2)
 DEFAULT_QUEUE: Order = "fifo"
 PLACEHOLDER_PRIORITY = -1
 
-JobMode = Literal["reactive", "headroom", "predictive"]
+JobMode = Literal[
+    "reactive",
+    "headroom",
+    "headroom-tuned",
+    "predictive",
+    "predictive-seasonal",
+    "predictive-flat",
+    "predictive-true-rate",
+]
+PREDICTIVE_MODES = frozenset(
+    {"predictive", "predictive-seasonal", "predictive-flat", "predictive-true-rate"}
+)
+HEADROOM_MODES = frozenset({"headroom", "headroom-tuned"})
+
+
+class RequestRates(Protocol):
+    """Where a predictive run's request-rate forecast comes from (`request_rates`): it is
+    told each minute's node requests and queue per pool, and asked for the GPUs per hour
+    expected over the hour a boot ahead (None: the planner's seasonal table)."""
+
+    def observe(self, pool: str, requested_gpus: float, pending_gpus: float) -> None: ...
+
+    def rate(self, pool: str, minute: int, boot_minutes: float) -> float | None: ...
+
+
+@dataclass(frozen=True)
+class ScheduledRun:
+    """A scheduled job known ahead (a CronJob's run): it fires `minute` minutes after the
+    simulation's begin and asks `nodes` whole nodes of `pool`."""
+
+    minute: float
+    pool: str
+    nodes: int
+
+
 Groups = dict[str, SimulatedNodeGroup]
 DemandKey = tuple[tuple[int, ...], int, int]  # the queue's tasks, booting, target size
 ShapeKey = tuple[tuple[tuple[object, ...], ...], int, int]  # the queue's task shapes, ...
@@ -111,6 +146,7 @@ class _Task:
     gpus: float  # GPUs asked in all (a share counts as its fraction)
     duration: int  # minutes
     submit: float  # minutes since the simulation start
+    scheduled: bool = False  # a scheduled job's run (its time was known ahead)
     started: float = math.nan  # first start (a job evicted and requeued keeps it)
     generation: int = 0  # bumped on eviction, so a stale finish is ignored
 
@@ -151,9 +187,13 @@ class JobSimResult:
     queue: Order = DEFAULT_QUEUE
     placeholders_preempted: int = 0
     job_ids: tuple[str, ...] = ()  # of the scored jobs, in the order of `waits`
+    pools: tuple[str, ...] = ()  # of the scored jobs, in the order of `waits`
+    scheduled: np.ndarray = field(default_factory=lambda: np.zeros(0, dtype=bool))
     knob: float | None = None  # headroom: spare nodes per pool; predictive: job_wait_share
+    spares: Mapping[str, int] | None = None  # headroom-tuned: the spare nodes of each pool
     default: bool = False  # the predictive run at the product's setting
     seconds: float = 0.0  # wall time of the run
+    scored_from: pd.Timestamp | None = None  # the first scored minute
 
     def row(self) -> dict[str, object]:
         waits = self.waits
@@ -169,12 +209,26 @@ class JobSimResult:
             "wait_mean_min": float(waits.mean()) if waits.size else 0.0,
             "share_waiting": float((waits > 0).mean()) if waits.size else 0.0,
             "gpu_minutes_waited": float((waits * self.gpus).sum()),
+            "scheduled_gpu_minutes_waited": float(
+                (waits * self.gpus)[self.scheduled].sum() if self.scheduled.size else 0.0
+            ),
             "gpu_hours": self.gpu_hours,
             "cost": self.cost,
             "scale_actions": self.scale_actions,
             "placeholders_preempted": self.placeholders_preempted,
             "seconds": self.seconds,
+            **({"spares": dict(self.spares)} if self.spares is not None else {}),
         }
+
+    def by_pool(self) -> dict[str, tuple[float, float]]:
+        """Per pool: GPU-hours paid in the scored window and GPU-minutes its jobs waited."""
+        scored = self.fleet[self.fleet["ds"] >= self.scored_from]
+        out = {}
+        for pool, rows in scored.groupby("pool"):
+            mine = np.asarray([p == pool for p in self.pools], dtype=bool)
+            waited = float((self.waits[mine] * self.gpus[mine]).sum()) if mine.size else 0.0
+            out[str(pool)] = (float((rows["nodes"] * rows["gpus_per_node"]).sum() / 60), waited)
+        return out
 
 
 # --------------------------------------------------------------------------- the cluster
@@ -347,32 +401,38 @@ def _tasks(
     if len(set(names)) != len(names):
         raise InputError("job ids must be unique")
     priority = kept["priority"].to_numpy() if "priority" in kept else np.zeros(len(kept), int)
+    scheduled = (
+        kept["scheduled"].to_numpy(dtype=bool)
+        if "scheduled" in kept
+        else np.zeros(len(kept), dtype=bool)
+    )
     order = np.argsort(submit[keep], kind="stable")
     columns = [
         kept[c].to_numpy()[order] for c in ("pool", "gpus", "gpu_milli", "cpu_milli", "memory_mib")
     ]
     out = []
-    for name, first, length, prio, pool, gpus, milli, cpu, mem in zip(
+    for name, first, length, prio, known, pool, gpus, milli, cpu, mem in zip(
         names[order],
         submit[keep][order],
         duration[keep][order],
         priority[order],
+        scheduled[order],
         *columns,
         strict=True,
     ):
-        out.append(
-            _task(
-                pools[pool],
-                str(name),
-                int(gpus),
-                int(milli),
-                int(cpu),
-                int(mem),
-                duration=max(1, math.ceil(length + min(first, 0.0))),
-                submit=max(float(first), 0.0),
-                priority=int(prio),
-            )
+        task = _task(
+            pools[pool],
+            str(name),
+            int(gpus),
+            int(milli),
+            int(cpu),
+            int(mem),
+            duration=max(1, math.ceil(length + min(first, 0.0))),
+            submit=max(float(first), 0.0),
+            priority=int(prio),
         )
+        task.scheduled = bool(known)
+        out.append(task)
     return out
 
 
@@ -606,20 +666,29 @@ def simulate_jobs(
     levels: tuple[float, ...] = (),
     cloud: SimulatedCloudConfig | None = None,
     queue: Order = DEFAULT_QUEUE,
-    spare: int = 0,
+    spare: int | Mapping[str, int] = 0,
+    rates: RequestRates | None = None,
+    scheduled: Sequence[ScheduledRun] = (),
 ) -> JobSimResult:
     """Simulate [begin, end) minute by minute; score jobs submitted in [start, end).
 
     `outlooks[pool][s]` is the forecast outlook (rows = 10-minute steps ahead, columns =
     `levels`, GPUs) for the step starting `begin + s * 10 min`, made from demand before it.
     `queue` is the admission order of pending jobs (fifo, priority or qssf). `spare`: the
-    spare nodes per pool of `headroom` mode.
+    spare nodes per pool of the headroom modes (one count for all, or one per pool).
+    Predictive modes only: `rates`, the request-rate forecast the planner gets with each
+    step's outlook; `scheduled`, the scheduled runs it is told of from a boot (and a step)
+    before they fire. The policy says how the planner uses them (`request_rate`).
     """
     began = time.perf_counter()
-    if mode == "predictive" and outlooks is None:
+    predictive = mode in PREDICTIVE_MODES
+    if predictive and outlooks is None:
         raise ValueError("predictive mode needs forecast outlooks")
-    if spare < 0 or (spare > 0) != (mode == "headroom"):
-        raise ValueError("headroom mode, and only it, takes spare nodes (at least 1)")
+    spare_of = dict(spare) if isinstance(spare, Mapping) else {p.name: spare for p in pools}
+    if any(k < 0 for k in spare_of.values()) or (
+        any(spare_of.values()) != (mode in HEADROOM_MODES)
+    ):
+        raise ValueError("headroom modes, and only they, take spare nodes (at least 1)")
     models = [p.gpu_model for p in pools]
     if len(set(models)) != len(models):
         raise InputError("the job simulation needs one pool per GPU model (jobs name pools)")
@@ -643,7 +712,7 @@ def simulate_jobs(
     demand_memo: dict[str, tuple[DemandKey, int]] = {}
     demand_seen: Mapping[str, int] | None = None  # the nodes the outlooks below were made of
     reactive: tuple[DemandOutlook, ...] = ()
-    spares = {p.name: spare for p in pools}  # spare nodes wanted on top of reactive demand
+    spares = {p.name: spare_of.get(p.name, 0) for p in pools}  # wanted on top of reactive
     spares_seen: Mapping[str, int] | None = None
     requests = RequestLog()
     observed: dict[str, float] = {}
@@ -665,7 +734,7 @@ def simulate_jobs(
     step_memory: PlannerMemory | None = None
     step_peak = {p.name: 0.0 for p in pools}
     held = {p.name: 0.0 for p in pools}  # GPUs held by running jobs
-    paid_rows: list[tuple[int, str, int, float]] = []
+    paid_rows: list[tuple[int, str, int, float, float, int]] = []
     actions = 0
 
     def enqueue(task: _Task) -> None:
@@ -747,6 +816,7 @@ def simulate_jobs(
             groups[pool.name].increase_size(size)
     events = sim_cloud.advance(max(p.boot_seconds for p in pools) + 1)
     arrivals = deque(tasks)
+    due = deque(sorted(scheduled, key=lambda r: r.minute))
     first_minute = begin.to_pydatetime()
 
     for minute in range(minutes):
@@ -795,10 +865,13 @@ def simulate_jobs(
         for name, value in observed.items():
             step_peak[name] = max(step_peak[name], value)
         at = first_minute + timedelta(minutes=minute)
+        rises = demand.rises(requests.seen)
         requests = requests.observe(demand, at)
 
-        if mode == "predictive" and minute % STEP_MINUTES == 0 and minute:
+        if predictive and minute % STEP_MINUTES == 0 and minute:
             step = minute // STEP_MINUTES
+            while due and due[0].minute <= minute:
+                due.popleft()
             outlook = [
                 DemandOutlook(
                     group=p.name,
@@ -807,6 +880,10 @@ def simulate_jobs(
                     values=outlooks[p.name][step],
                     gpu_models=frozenset({p.gpu_model}),
                     requests=requests.requests(p.name, at),
+                    request_rate=None
+                    if rates is None
+                    else rates.rate(p.name, minute, p.boot_seconds / 60),
+                    scheduled=_scheduled_nodes(due, p, minute),
                 )
                 for p in pools
             ]
@@ -833,9 +910,19 @@ def simulate_jobs(
 
         for pool in pools:
             waiting = sum(t.gpus for t in pending[pool.name])
+            asked = rises.get(pool.name, 0) * pool.gpus_per_node
             paid_rows.append(
-                (minute, pool.name, groups[pool.name].target_size(), held[pool.name] + waiting)
+                (
+                    minute,
+                    pool.name,
+                    groups[pool.name].target_size(),
+                    held[pool.name] + waiting,
+                    waiting,
+                    asked,
+                )
             )
+            if rates is not None:
+                rates.observe(pool.name, asked, waiting)
 
     start_minute = (start - begin) / pd.Timedelta(minutes=1)
     # A job's wait for capacity runs from the first scheduling pass after it arrives.
@@ -844,10 +931,14 @@ def simulate_jobs(
     unstarted = [t for t in unstarted if math.isnan(t.started)]
     waits = [t.started - math.ceil(t.submit) for t in scored]
     waits += [minutes - math.ceil(t.submit) for t in unstarted]
-    fleet = pd.DataFrame(paid_rows, columns=["minute", "pool", "nodes", "demand_gpus"])
+    fleet = pd.DataFrame(
+        paid_rows,
+        columns=["minute", "pool", "nodes", "demand_gpus", "pending_gpus", "requested_gpus"],
+    )
     fleet["ds"] = begin + pd.to_timedelta(fleet["minute"], unit="min")
+    fleet["gpus_per_node"] = fleet["pool"].map({p.name: p.gpus_per_node for p in pools})
     scored_fleet = fleet[fleet["minute"] >= start_minute]
-    gpn = scored_fleet["pool"].map({p.name: p.gpus_per_node for p in pools})
+    gpn = scored_fleet["gpus_per_node"]
     price = scored_fleet["pool"].map({p.name: p.price_per_hour for p in pools})
     return JobSimResult(
         mode=mode,
@@ -862,9 +953,24 @@ def simulate_jobs(
         queue=queue,
         placeholders_preempted=scheduler.preempted,
         job_ids=tuple(t.gang_or_id for t in [*scored, *unstarted]),
-        knob={"headroom": spare, "predictive": policy.job_wait_share}.get(mode),
+        pools=tuple(t.pool for t in [*scored, *unstarted]),
+        scheduled=np.asarray([t.scheduled for t in [*scored, *unstarted]], dtype=bool),
+        knob=policy.job_wait_share
+        if predictive
+        else (spare if mode == "headroom" and not isinstance(spare, Mapping) else None),
+        spares=dict(spare_of) if mode == "headroom-tuned" else None,
         seconds=time.perf_counter() - began,
+        scored_from=start,
     )
+
+
+def _scheduled_nodes(due: deque[ScheduledRun], pool: NodePool, minute: int) -> ScheduledNodes:
+    """The runs of `pool` that fire within its boot and a step after `minute`: those the
+    planner holds nodes for now (a CronJob's next run times are read ahead)."""
+    window = pool.boot_seconds / 60 + STEP_MINUTES
+    soon = [r for r in itertools.takewhile(lambda r: r.minute <= minute + window, due)]
+    mine = [r for r in soon if r.pool == pool.name]
+    return ScheduledNodes(tuple(r.minute - minute for r in mine), tuple(r.nodes for r in mine))
 
 
 def _sync(

@@ -14,8 +14,11 @@ from predictor.data.loaders import load_trace
 from predictor.foundation.errors import InputError
 from predictor.models.forecast import Forecaster
 from scaler.evaluation.job_frontier import (
+    ABLATION_KNOBS,
+    ABLATIONS,
     FRONTIER_KNOBS,
     HEADROOM_NODES,
+    ablation_view,
     compare_on_workload,
     matched_view,
 )
@@ -91,9 +94,11 @@ def simulate_jobs(
     knobs: list[float] | None = None,
     workers: int = 1,
 ) -> dict[str, object]:
-    """reactive, headroom at 1-4 spare nodes per pool and predictive at the policy's knob
-    (with `frontier`, also at each of `knobs`, by default `FRONTIER_KNOBS`), on `workers`
-    processes; rows, the matched view and jobs.png."""
+    """reactive, headroom at 1-8 spare nodes per pool, headroom tuned per pool on the
+    week before the scored window, predictive at the policy's knob (with `frontier`, also
+    at each of `knobs`, by default `FRONTIER_KNOBS`) and the ablations that price its
+    request forecast (at the default knob; with `frontier` also at `ABLATION_KNOBS`), on
+    `workers` processes; rows, the matched view, the ablation view and jobs.png."""
 
     generated = generate(load_config(workload), seed=seed, days=days)
     pools = with_boot(generated.pools, boot_minutes)
@@ -112,6 +117,10 @@ def simulate_jobs(
         queue=queue,
         headroom=HEADROOM_NODES,
         knobs=(knobs or FRONTIER_KNOBS) if frontier else (),
+        ablations=ABLATIONS,
+        ablation_knobs=(knobs or ABLATION_KNOBS) if frontier else (),
+        tuned_headroom=True,
+        intensity=generated.intensity,
         workers=workers,
     )
     rows = comparison.rows()
@@ -124,6 +133,10 @@ def simulate_jobs(
         "placement": {"policy": placement, "queue": queue},
         "rows": rows,
         "matched": matched_view(rows),
+        "ablations": ablation_view(rows),
+        "request_forecast": None
+        if comparison.requests is None or comparison.requests.backtest is None
+        else comparison.requests.backtest.to_dict(),
         "gpu_hours_extra": predictive["gpu_hours"] / reactive["gpu_hours"] - 1,
         "p95_wait_cut_min": reactive["wait_p95_min"] - predictive["wait_p95_min"],
         "pictures": [str(jobs_plot(comparison, out / "jobs.png"))],

@@ -18,6 +18,7 @@ Pool fields use the names of `scaler.cluster.pools.NodePool`, so the `pools.yaml
 from __future__ import annotations
 
 import math
+from collections.abc import Sequence
 from dataclasses import dataclass
 from datetime import datetime
 from importlib import resources
@@ -26,6 +27,7 @@ from typing import Annotated, Literal
 
 import numpy as np
 import pandas as pd
+from croniter import croniter
 from pydantic import BaseModel, ConfigDict, Field, TypeAdapter, ValidationError, model_validator
 
 from predictor.data.loaders import DemandTrace
@@ -107,8 +109,31 @@ class StreamConfig(BaseModel):
         return self
 
 
+class ScheduledConfig(BaseModel):
+    """Jobs a CronJob starts: one run of `gpus` GPUs (a gang of whole nodes where more than
+    a node holds) in `pool` at every time the 5-field cron expression `cron` names (the
+    workload's clock, UTC), each running `duration_minutes`. Their times are known ahead,
+    as the loop reads a CronJob's schedule."""
+
+    model_config = ConfigDict(extra="forbid", allow_inf_nan=False)
+
+    name: str = Field(min_length=1)
+    pool: str
+    cron: str = Field(min_length=1)
+    gpus: int = Field(ge=1)
+    duration_minutes: int = Field(ge=1, le=7 * MINUTES_PER_DAY)
+    host_share: float = Field(default=0.5, gt=0, le=1)
+    priority: int = 0
+
+    @model_validator(mode="after")
+    def _cron(self) -> ScheduledConfig:
+        if not croniter.is_valid(self.cron) or len(self.cron.split()) != 5:
+            raise ValueError(f"cron {self.cron!r} is not a 5-field cron expression")
+        return self
+
+
 class WorkloadConfig(BaseModel):
-    """A cluster and its job streams."""
+    """A cluster and its job streams (random arrivals, and scheduled runs)."""
 
     model_config = ConfigDict(extra="forbid", allow_inf_nan=False)
 
@@ -118,12 +143,24 @@ class WorkloadConfig(BaseModel):
     warmup_days: float = Field(default=3.0, ge=0, le=30)
     pools: list[NodePool] = Field(min_length=1)
     streams: list[StreamConfig] = Field(min_length=1)
+    scheduled: list[ScheduledConfig] = Field(default_factory=list)
 
     @model_validator(mode="after")
     def _references(self) -> WorkloadConfig:
         pools = {pool.name: pool for pool in self.pools}
         if len(pools) != len(self.pools):
             raise FieldError("pools", "pool names must be unique")
+        for index, run in enumerate(self.scheduled):
+            pool = pools.get(run.pool)
+            if pool is None:
+                raise FieldError(f"scheduled.{index}.pool", f"unknown pool {run.pool!r}")
+            if run.gpus > pool.gpus_per_node and run.gpus % pool.gpus_per_node:
+                raise FieldError(
+                    f"scheduled.{index}.gpus",
+                    f"a {run.gpus}-GPU run does not fill whole nodes of pool {run.pool!r}",
+                )
+            if run.gpus > pool.gpus_per_node * pool.max_size:
+                raise FieldError(f"scheduled.{index}.gpus", f"the run exceeds pool {run.pool!r}")
         for index, stream in enumerate(self.streams):
             for name in stream.pools:
                 pool = pools.get(name)
@@ -156,6 +193,11 @@ class SyntheticWorkload:
 
     `demand`: long table per pool at one-minute steps: `unique_id` (pool name), `ds`, `y`
     (GPUs held if every job ran at once).
+
+    `intensity`: the same table of the random streams' true request intensity, the GPUs
+    their jobs are expected to ask per minute (daily and weekly cycle, trend and the bursts
+    drawn): what a perfect forecast of the request rate would know. Scheduled runs are
+    not in it; `jobs["scheduled"]` marks them.
     """
 
     seed: int
@@ -164,6 +206,8 @@ class SyntheticWorkload:
     pools: list[NodePool]
     jobs: pd.DataFrame
     demand: pd.DataFrame
+    intensity: pd.DataFrame
+    scheduled: tuple[ScheduledConfig, ...] = ()
 
     def trace(self, split: str | pd.Timestamp | None = None) -> DemandTrace:
         """The demand as a trace (unit GPUs), with the generic test window."""
@@ -208,7 +252,14 @@ def generate(config: WorkloadConfig, seed: int, days: float | None = None) -> Sy
     warmup = round(config.warmup_days * MINUTES_PER_DAY)
     minutes = round(span_days * MINUTES_PER_DAY)
     pools = {pool.name: pool for pool in config.pools}
-    parts = [_stream_jobs(s, pools, start, warmup, minutes, rng) for s in config.streams]
+    drawn = [_stream_jobs(s, pools, start, warmup, minutes, rng) for s in config.streams]
+    parts = [jobs for jobs, _ in drawn]
+    parts += [
+        _scheduled_jobs(run, pools[run.pool], start, warmup, minutes) for run in config.scheduled
+    ]
+    intensity = _intensity(
+        config.streams, [rate for _, rate in drawn], list(pools), start, warmup, minutes
+    )
     jobs = pd.concat(parts, ignore_index=True)
     # Warm-up jobs matter only while they still run inside the window.
     jobs = jobs[jobs["minute"] + jobs["duration_min"] > 0]
@@ -225,6 +276,8 @@ def generate(config: WorkloadConfig, seed: int, days: float | None = None) -> Sy
         pools=list(config.pools),
         jobs=jobs,
         demand=demand,
+        intensity=intensity,
+        scheduled=tuple(config.scheduled),
     )
 
 
@@ -245,7 +298,8 @@ def _stream_jobs(
     warmup: int,
     minutes: int,
     rng: np.random.Generator,
-) -> pd.DataFrame:
+) -> tuple[pd.DataFrame, np.ndarray]:
+    """The stream's jobs, and its expected arrivals in each minute from -warmup on."""
     offsets = np.arange(-warmup, minutes)
     rate = _arrival_rate(stream, start, offsets, rng)
     counts = rng.poisson(rate)
@@ -266,25 +320,117 @@ def _stream_jobs(
     per_gpu_cpu = np.array([pools[p].cpu_milli_per_node / pools[p].gpus_per_node for p in pool])
     per_gpu_mem = np.array([pools[p].memory_mib_per_node / pools[p].gpus_per_node for p in pool])
     gpu_equiv = gpus * milli / WHOLE_GPU_MILLI
+    frame = _job_frame(
+        stream.name,
+        stream.kind,
+        pool,
+        minute,
+        rng.uniform(0, 60, size=n).round(3),
+        gpus,
+        milli,
+        gpu_equiv,
+        per_gpu_cpu,
+        per_gpu_mem,
+        stream.host_share,
+        duration,
+        stream.priority,
+    )
+    return frame, rate
+
+
+def _job_frame(
+    name: str,
+    kind: str,
+    pool: np.ndarray,
+    minute: np.ndarray,
+    offset_s: np.ndarray,
+    gpus: np.ndarray,
+    milli: np.ndarray,
+    gpu_equiv: np.ndarray,
+    per_gpu_cpu: np.ndarray,
+    per_gpu_mem: np.ndarray,
+    host_share: float,
+    duration: np.ndarray,
+    priority: int,
+    scheduled: bool = False,
+) -> pd.DataFrame:
     return pd.DataFrame(
         {
-            "stream": stream.name,
-            "kind": stream.kind,
+            "stream": name,
+            "kind": kind,
             "pool": pool,
             "minute": minute,
-            "offset_s": rng.uniform(0, 60, size=n).round(3),
+            "offset_s": offset_s,
             "gpus": gpus,
             "gpu_milli": milli,
             # Whole cores and GiB, at least one of each: what a real pod spec would ask.
             "cpu_milli": np.maximum(
-                1000, np.floor(per_gpu_cpu * gpu_equiv * stream.host_share / 1000) * 1000
+                1000, np.floor(per_gpu_cpu * gpu_equiv * host_share / 1000) * 1000
             ).astype("int64"),
             "memory_mib": np.maximum(
-                1024, np.floor(per_gpu_mem * gpu_equiv * stream.host_share / 1024) * 1024
+                1024, np.floor(per_gpu_mem * gpu_equiv * host_share / 1024) * 1024
             ).astype("int64"),
             "duration_min": duration,
-            "priority": stream.priority,
+            "priority": priority,
+            "scheduled": scheduled,
         }
+    )
+
+
+def _scheduled_jobs(
+    run: ScheduledConfig, pool: NodePool, start: pd.Timestamp, warmup: int, minutes: int
+) -> pd.DataFrame:
+    """One job at every time the run's cron names in [start - warmup, start + minutes)."""
+    fire = croniter(run.cron, (start - pd.Timedelta(minutes=warmup + 1)).to_pydatetime())
+    times = []
+    while (at := pd.Timestamp(fire.get_next(datetime))) < start + pd.Timedelta(minutes=minutes):
+        times.append(int((at - start) / pd.Timedelta(minutes=1)))
+    n = len(times)
+    per_gpu_cpu = np.full(n, pool.cpu_milli_per_node / pool.gpus_per_node)
+    per_gpu_mem = np.full(n, pool.memory_mib_per_node / pool.gpus_per_node)
+    gpus = np.full(n, run.gpus, dtype="int64")
+    return _job_frame(
+        run.name,
+        "training",
+        np.full(n, pool.name, dtype=object),
+        np.asarray(times, dtype="int64"),
+        np.zeros(n),
+        gpus,
+        np.full(n, WHOLE_GPU_MILLI, dtype="int64"),
+        gpus.astype(float),
+        per_gpu_cpu,
+        per_gpu_mem,
+        run.host_share,
+        np.full(n, run.duration_minutes, dtype="int64"),
+        run.priority,
+        scheduled=True,
+    )
+
+
+def _intensity(
+    streams: Sequence[StreamConfig],
+    rates: Sequence[np.ndarray],
+    pool_names: list[str],
+    start: pd.Timestamp,
+    warmup: int,
+    minutes: int,
+) -> pd.DataFrame:
+    """Per pool and minute of [start, start + minutes): the GPUs the random streams'
+    jobs are expected to ask (arrivals x pool share x mean GPUs of a job)."""
+    per_pool = {name: np.zeros(minutes) for name in pool_names}
+    for stream, rate in zip(streams, rates, strict=True):
+        sizes = np.fromiter(stream.gpus, dtype=float)
+        size_p = _probabilities(stream.gpus)
+        shares = np.fromiter(stream.gpu_milli, dtype=float) / WHOLE_GPU_MILLI
+        share = float((shares * _probabilities(stream.gpu_milli)).sum())
+        # A share applies to 1-GPU jobs only.
+        mean_gpus = float((sizes * size_p).sum()) - float(size_p[sizes == 1].sum()) * (1 - share)
+        for name, p in zip(stream.pools, _probabilities(stream.pools), strict=True):
+            per_pool[name] += rate[warmup:] * p * mean_gpus
+    ds = pd.date_range(start, periods=minutes, freq="min")
+    return pd.concat(
+        [pd.DataFrame({"unique_id": n, "ds": ds, "y": per_pool[n]}) for n in sorted(pool_names)],
+        ignore_index=True,
     )
 
 

@@ -40,6 +40,7 @@ import math
 from collections.abc import Mapping
 from dataclasses import dataclass
 from datetime import datetime, timedelta
+from typing import Literal
 
 import numpy as np
 
@@ -89,8 +90,11 @@ class ScheduledNodes:
 
     def due(self, within_minutes: float) -> int:
         """Nodes of the runs firing from now to `within_minutes` ahead."""
-        return sum(n for m, n in zip(self.minutes_ahead, self.nodes, strict=True)
-                   if 0 <= m <= within_minutes)
+        return sum(
+            n
+            for m, n in zip(self.minutes_ahead, self.nodes, strict=True)
+            if 0 <= m <= within_minutes
+        )
 
 
 @dataclass(frozen=True, slots=True)
@@ -169,14 +173,20 @@ def _take(
     return wait
 
 
+RateModel = Literal["forecast", "seasonal", "flat"]
+
+
 @dataclass(frozen=True, slots=True)
 class GroupSpare:
-    """What one group's spare is chosen from: its replay, its unit and boot, its cap."""
+    """What one group's spare is chosen from: its replay, its unit and boot, its cap, and
+    the forecast of its request rate for the hour a boot ahead (GPUs per hour; None: the
+    replay's own seasonal table)."""
 
     replay: SpareReplay
     gpus_per_node: int
     boot_minutes: float
     most: int  # the most spare nodes it may hold
+    rate_ahead: float | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -186,13 +196,19 @@ class SpareChoice:
     share: float  # replayed share of the requested GPUs' boot time waited at that price
 
 
-def choose_spares(groups: Mapping[str, GroupSpare], knob: float, at: datetime) -> SpareChoice:
+def choose_spares(
+    groups: Mapping[str, GroupSpare], knob: float, at: datetime, rates: RateModel = "forecast"
+) -> SpareChoice:
     """Each group's spare as asked for at `at` (see the module docstring): at one price of
     waiting for all groups, the cheapest level in GPU-hours plus priced waits, each hour's
-    waits scaled by its request rate, for the hour a boot after `at` (when nodes asked for
-    now are ready); the price the highest (least spare) whose replayed waits, over the
-    hours seen, stay within `knob` of the requested GPUs' boot time."""
-    tables = {name: _table(g) for name, g in groups.items() if g.replay.hours.sum() > 0}
+    waits scaled by its request rate; the price the highest (least spare) whose replayed
+    waits, over the hours seen, stay within `knob` of the requested GPUs' boot time.
+
+    The level held is the one for the hour a boot after `at`, when nodes asked for now are
+    ready, at that hour's rate: by `rates`, the group's forecast (`GroupSpare.rate_ahead`,
+    the seasonal table where it has none), the seasonal table alone, or `flat` (the
+    week's mean rate every hour: no rate model at all)."""
+    tables = {name: _table(g, rates) for name, g in groups.items() if g.replay.hours.sum() > 0}
     requested = sum(
         groups[name].boot_minutes * float(groups[name].replay.requested.sum()) for name in tables
     )
@@ -212,19 +228,32 @@ def choose_spares(groups: Mapping[str, GroupSpare], knob: float, at: datetime) -
             low = mid
         else:
             high = mid
-    chosen, share = levels(low)
     nodes = {name: 0 for name in groups}
-    for name, pick in chosen.items():
+    for name, (cost, waits, _) in tables.items():
+        group = groups[name]
         # A spare node asked for now is ready a boot later: it serves the hour then.
-        ready = hour_bucket(at + timedelta(minutes=groups[name].boot_minutes))
-        nodes[name] = min(int(pick[ready]), groups[name].most)
-    return SpareChoice(nodes, low, share)
+        ready = hour_bucket(at + timedelta(minutes=group.boot_minutes))
+        ahead = waits[:, ready]
+        if rates == "forecast" and group.rate_ahead is not None:
+            ahead = _per_hour(group.replay) * (group.rate_ahead / _mean_rate(group.replay))
+        nodes[name] = min(int(np.argmin(cost + ahead / low)), group.most)
+    return SpareChoice(nodes, low, levels(low)[1])
 
 
-def _table(group: GroupSpare) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+def _mean_rate(replay: SpareReplay) -> float:
+    """GPUs requested per hour over the hours seen (decayed alike)."""
+    return max(float(replay.requested.sum()) / float(replay.hours.sum()), 1e-9)
+
+
+def _per_hour(replay: SpareReplay) -> np.ndarray:
+    """Per level, the GPU-minutes an hour at the mean rate waited."""
+    return replay.waited / float(replay.hours.sum())
+
+
+def _table(group: GroupSpare, rates: RateModel) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """Per level the GPU-hours an hour of spare costs, per level and hour bucket the
     GPU-minutes an hour there would wait (the level's average scaled by the bucket's
-    request rate), and per bucket the hours it weighs."""
+    request rate; `flat`: unscaled), and per bucket the hours it weighs."""
     replay = group.replay
     hours = replay.hours
     total = float(hours.sum())
@@ -232,7 +261,6 @@ def _table(group: GroupSpare) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     rate = (replay.requested + RATE_PRIOR_HOURS * mean_rate) / (hours + RATE_PRIOR_HOURS)
     # Relative to the hours' mean, so that the hours seen add up to the waits replayed.
     seen = float((hours * rate).sum())
-    relative = rate * total / seen if seen > 0 else np.ones(BUCKETS)
-    per_hour = replay.waited / total
+    relative = rate * total / seen if seen > 0 and rates != "flat" else np.ones(BUCKETS)
     cost = np.arange(LEVELS, dtype=float) * group.gpus_per_node
-    return cost, per_hour[:, None] * relative[None, :], hours
+    return cost, _per_hour(replay)[:, None] * relative[None, :], hours

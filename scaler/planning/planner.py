@@ -53,6 +53,7 @@ from scaler.planning.buffer_tuning import (
 from scaler.planning.job_spare import (
     GroupSpare,
     NodeRequests,
+    RateModel,
     ScheduledNodes,
     SpareReplay,
     choose_spares,
@@ -102,6 +103,12 @@ class PlannerPolicy(BaseModel):
         "pods, the job simulator): the share of the requested GPUs' boot time they may wait "
         "(GPU-minutes waited over GPUs requested x boot; Cluster Autoscaler alone waits "
         "about 1)",
+    )
+    request_rate: RateModel = Field(
+        default="forecast",
+        description="job level: what scales the spare to the hour ahead: `forecast` (the "
+        "learned forecast of node requests where the outlook has one, else the seasonal "
+        "table), `seasonal` (the hour-of-week table of the requests seen), `flat` (none)",
     )
     base_quantile: float = Field(
         default=0.99, gt=0.5, lt=1, description="forecast quantile the margin is added to"
@@ -452,18 +459,36 @@ def _job_level_spares(
         group_memory[outlook.group] = replace(old, spare_replay=replay)
         if replay.hours.sum() * 3600 >= policy.tuning_min_steps * policy.step_seconds:
             tuned[outlook.group] = GroupSpare(
-                replay, pool.gpus_per_node, pool.boot_seconds / 60, pool.max_size
+                replay,
+                pool.gpus_per_node,
+                pool.boot_seconds / 60,
+                pool.max_size,
+                outlook.request_rate,
             )
     out: dict[str, tuple[int, str]] = {}
     if tuned:
-        choice = choose_spares(tuned, policy.job_wait_share, at)
+        choice = choose_spares(tuned, policy.job_wait_share, at, policy.request_rate)
+        by_group = {o.group: o for o in outlooks}
         for group, nodes in choice.nodes.items():
-            out[group] = (
-                nodes,
+            reason = (
                 f"job-level spare {nodes} node(s) (waiting priced {choice.price:.3g} GPU-min"
                 f" per GPU-h: replayed wait share {choice.share:.3f}, knob"
-                f" {policy.job_wait_share:g})",
+                f" {policy.job_wait_share:g}"
             )
+            rate = tuned[group].rate_ahead
+            if policy.request_rate == "forecast" and rate is not None:
+                reason += f"; request forecast {rate:.3g} GPUs/h"
+            # A scheduled run's nodes are known demand: held on top of the spare for the
+            # requests nobody announced, from a boot (and a step) before it fires.
+            scheduled = by_group[group].scheduled
+            due = (
+                0
+                if scheduled is None
+                else scheduled.due(tuned[group].boot_minutes + policy.step_seconds / 60)
+            )
+            if due:
+                reason += f"; {due} node(s) for scheduled jobs due within a boot"
+            out[group] = (min(nodes + due, tuned[group].most), reason + ")")
     return out
 
 

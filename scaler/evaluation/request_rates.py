@@ -1,0 +1,88 @@
+"""The request-rate forecasts a predictive job-level run is given, one per mode:
+
+- `LearnedRates` (mode `predictive`): the learned model (`predictor.models.requests`),
+  fitted on the node requests of the history before the run (what the cluster's own loop
+  recorded: here a reactive run of that history, as Cluster Autoscaler ran before gpuscale
+  came), fed each minute's requests and queue as the run goes; in a pool where its
+  backtest does not beat the seasonal table it answers None, and the planner keeps the
+  table;
+- `TrueRates` (mode `predictive-true-rate`): the workload's true request intensity as the
+  generator defines it (cycles, trend and the bursts drawn), in the units of the requests
+  seen: the ceiling of any rate forecast.
+
+Both are told the minutes in order by the simulator (`RequestRates`); a run owns its copy.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass
+from datetime import datetime
+
+import numpy as np
+import pandas as pd
+
+from predictor.models.requests import (
+    HORIZON_MINUTES,
+    RequestForecaster,
+    RequestHistory,
+    SeasonalRequestTable,
+)
+
+
+def request_histories(
+    fleet: pd.DataFrame, start: datetime, pools: Mapping[str, object] | None = None
+) -> dict[str, RequestHistory]:
+    """Per pool the request and queue series (`requested_gpus`, `pending_gpus`) of a job
+    simulation's `fleet`, minute by minute from `start`."""
+    out = {}
+    for pool, rows in fleet.sort_values("ds").groupby("pool"):
+        if pools is not None and pool not in pools:
+            continue
+        out[str(pool)] = RequestHistory.of(
+            start, rows["requested_gpus"].to_numpy(), rows["pending_gpus"].to_numpy()
+        )
+    return out
+
+
+@dataclass
+class LearnedRates:
+    model: RequestForecaster
+    histories: dict[str, RequestHistory]
+    tables: dict[str, SeasonalRequestTable]
+
+    @classmethod
+    def of(cls, model: RequestForecaster, histories: Mapping[str, RequestHistory]) -> LearnedRates:
+        copies = {
+            n: RequestHistory.of(h.start, h.requested, h.pending) for n, h in histories.items()
+        }
+        tables = {n: SeasonalRequestTable.fit(h) for n, h in copies.items()}
+        return cls(model, copies, tables)
+
+    def observe(self, pool: str, requested_gpus: float, pending_gpus: float) -> None:
+        self.histories[pool].append(requested_gpus, pending_gpus)
+
+    def rate(self, pool: str, minute: int, boot_minutes: float) -> float | None:
+        if self.model.backtest is not None and not self.model.backtest.serves(pool):
+            return None
+        history = self.histories[pool]
+        return self.model.predict(history, len(history), boot_minutes, self.tables[pool])
+
+
+@dataclass
+class TrueRates:
+    """`intensity[pool][m]`: GPUs expected per minute at minute m of the run; `scale`:
+    requests seen per GPU of intensity (fitted on the history before the run)."""
+
+    intensity: Mapping[str, np.ndarray]
+    scale: Mapping[str, float]
+
+    def observe(self, pool: str, requested_gpus: float, pending_gpus: float) -> None:
+        return None
+
+    def rate(self, pool: str, minute: int, boot_minutes: float) -> float | None:
+        first = minute + round(boot_minutes)
+        window = self.intensity[pool][first : first + HORIZON_MINUTES]
+        if not window.size:
+            return None
+        return float(window.mean()) * 60 * self.scale[pool]
