@@ -7,6 +7,10 @@ resourceVersion (410 Gone once it has been compacted), PUT checks optimistic con
 PATCH takes merge, strategic-merge (treated as merge) and JSON patches (a merge patch
 naming a resourceVersion is checked as a PUT is), pods have a `status`, `eviction` (with
 `?dryRun=All`) and `binding` subresources, and leases live in coordination.k8s.io/v1.
+Lists honour `limit` and `continue` as the API server pages them (the continue token
+names where the next page starts and the resourceVersion of the first page, which every
+page reports). batch/v1 CronJobs are served with their API server defaults; their
+schedules are not parsed, so a test can show how a reader meets one it cannot read.
 Resources are declared in one table, so another kind is a line. Custom resources
 (CapacityBuffer, Karpenter's NodePool and NodeClaim, Kueue's Workload, ResourceFlavor,
 LocalQueue and ClusterQueue) are served at /apis/<group>/<version>/[namespaces/<ns>/]<plural>
@@ -15,7 +19,8 @@ version away) as a CRD's objects are, for CustomObjectsApi: defaults and validat
 of their CRDs (`admission`), a `status` subresource, and a generation counting changes of the spec.
 `on_write` hooks let a test play a controller that reacts to writes.
 Set `faults` (an `ApiFaults`) and requests over HTTP fail now and then: 500s, and answers
-held past the client's timeout.
+held past the client's timeout; set `refusals` and every request on a kind fails the same
+way (403 Forbidden, as RBAC refuses an account it grants nothing there, or an outage).
 
 Tests drive it two ways: through the client, as the product does, and directly
 (`create`, `patch`, `delete`, `get`, `objects`) to play the rest of the cluster.
@@ -23,6 +28,7 @@ Tests drive it two ways: through the client, as the product does, and directly
 
 from __future__ import annotations
 
+import base64
 import contextlib
 import copy
 import itertools
@@ -75,6 +81,7 @@ RESOURCES = (
     ResourceKind("/apis/scheduling.k8s.io/v1", "priorityclasses", "PriorityClass", False),
     ResourceKind("/apis/apps/v1", "deployments", "Deployment", namespaced=True),
     ResourceKind("/api/v1", "podtemplates", "PodTemplate", namespaced=True),
+    ResourceKind("/apis/batch/v1", "cronjobs", "CronJob", namespaced=True),
     # Custom resources, served as the API server serves a CRD's objects (the official
     # client reaches them through CustomObjectsApi): Cluster Autoscaler's CapacityBuffer,
     # Karpenter's NodePool and NodeClaim, Kueue's Workload, ResourceFlavor, LocalQueue and
@@ -387,6 +394,27 @@ def local_queue_admission(obj: Obj, old: Obj | None) -> None:
         raise _invalid("LocalQueue", obj, "spec.clusterQueue: field is immutable")
 
 
+def cron_job_admission(obj: Obj, old: Obj | None) -> None:
+    """batch/v1 CronJob: a schedule and a job template with a pod template required; the
+    defaults the API server fills in (suspend false, concurrencyPolicy Allow, history
+    limits 3 and 1). The schedule's syntax is left unchecked (see the module docstring)."""
+    spec = obj.get("spec")
+    if not isinstance(spec, dict) or not isinstance(spec.get("schedule"), str):
+        raise _invalid("CronJob", obj, "spec.schedule: Required value")
+    template = (spec.get("jobTemplate") or {}).get("spec") or {}
+    if not isinstance(template.get("template"), dict):
+        raise _invalid("CronJob", obj, "spec.jobTemplate.spec.template: Required value")
+    spec.setdefault("suspend", False)
+    spec.setdefault("concurrencyPolicy", "Allow")
+    if spec["concurrencyPolicy"] not in ("Allow", "Forbid", "Replace"):
+        policy = spec["concurrencyPolicy"]
+        raise _invalid("CronJob", obj, f"spec.concurrencyPolicy: Unsupported value: {policy!r}")
+    spec.setdefault("successfulJobsHistoryLimit", 3)
+    spec.setdefault("failedJobsHistoryLimit", 1)
+    _count(obj, "CronJob", "spec.jobTemplate.spec.parallelism", template.get("parallelism"))
+    _count(obj, "CronJob", "spec.jobTemplate.spec.completions", template.get("completions"))
+
+
 CRD_ADMISSION: dict[str, Admission] = {
     "capacitybuffers": capacity_buffer_admission,
     "nodepools": node_pool_admission,
@@ -394,6 +422,7 @@ CRD_ADMISSION: dict[str, Admission] = {
     "clusterqueues": cluster_queue_admission,
     "localqueues": local_queue_admission,
     "podtemplates": lambda obj, old: None,  # the generation counts template changes
+    "cronjobs": cron_job_admission,  # defaults; the generation counts spec changes
 }
 
 
@@ -423,6 +452,9 @@ class FakeKube:
         # answers 404, as for a CRD that does not serve that version (an older or newer
         # release of the controller that owns it).
         self.unserved: set[str] = set()
+        # Plurals a test makes the server refuse over HTTP, with the status it answers:
+        # 403 as for an account whose RBAC grants nothing on them, 500 as for an outage.
+        self.refusals: dict[str, int] = {}
         self._server: ThreadingHTTPServer | None = None
         self._thread: threading.Thread | None = None
 
@@ -649,6 +681,41 @@ class FakeKube:
             ]
             return items, str(self._last_rv)
 
+    def page(self, items: list[Obj], rv: str, query: dict) -> tuple[list[Obj], Obj]:
+        """One page of a list (`limit`, `continue`) and its list metadata. Every page reports
+        the first page's resourceVersion, as the API server's do; a token from before a
+        compaction is refused (410), as the API server refuses one it can no longer serve."""
+        after: tuple[str, str] | None = None
+        token = query.get("continue")
+        if token:
+            try:
+                state = json.loads(base64.urlsafe_b64decode(token.encode()))
+                rv, after = str(state["rv"]), (str(state["after"][0]), str(state["after"][1]))
+            except (ValueError, KeyError, IndexError, TypeError):
+                raise ApiError(400, "BadRequest", "continue key is not valid") from None
+            if int(rv) < self._compacted:
+                raise ApiError(
+                    410,
+                    "Expired",
+                    "The provided continue parameter is too old to display a consistent list"
+                    " result. You can start a new list without the continue parameter.",
+                )
+
+        def key(obj: Obj) -> tuple[str, str]:
+            meta = obj["metadata"]
+            return meta.get("namespace") or "", meta["name"]
+
+        if after is not None:
+            items = [o for o in items if key(o) > after]
+        metadata: Obj = {"resourceVersion": rv}
+        limit = int(query.get("limit") or 0)
+        if 0 < limit < len(items):
+            state = {"rv": rv, "after": list(key(items[limit - 1]))}
+            metadata["continue"] = base64.urlsafe_b64encode(json.dumps(state).encode()).decode()
+            metadata["remainingItemCount"] = len(items) - limit
+            items = items[:limit]
+        return items, metadata
+
     def events_after(
         self,
         kind: ResourceKind,
@@ -681,6 +748,10 @@ class FakeKube:
             if self._closing or generation != self._generation:
                 return None
             return found
+
+
+# The RBAC verb of each HTTP method on one object (a GET of a collection lists or watches).
+_VERBS = {"GET": "get", "POST": "create", "PUT": "update", "PATCH": "patch", "DELETE": "delete"}
 
 
 class _Handler(BaseHTTPRequestHandler):
@@ -722,6 +793,20 @@ class _Handler(BaseHTTPRequestHandler):
             raise ApiError(404, "NotFound", f"no route for {parts.path}")
         name = rest[1] if len(rest) > 1 else None
         sub = rest[2] if len(rest) > 2 else None
+        refused = self.kube.refusals.get(kind.plural)
+        if refused == 403:
+            verb = _VERBS.get(self.command, self.command.lower())
+            if self.command == "GET" and name is None:
+                verb = "watch" if query.get("watch") else "list"
+            group = kind.api_version.rpartition("/")[0]
+            raise ApiError(
+                403,
+                "Forbidden",
+                f'{kind.plural} is forbidden: User "system:serviceaccount:gpuscale:tester"'
+                f' cannot {verb} resource "{kind.plural}" in API group "{group}"',
+            )
+        if refused is not None:
+            raise ApiError(refused, HTTPStatus(refused).phrase.replace(" ", ""), "refused")
         return kind, namespace, name, sub, query
 
     def _body(self) -> Any:
@@ -777,12 +862,13 @@ class _Handler(BaseHTTPRequestHandler):
                 items, rv = self.kube.list_state(
                     kind, namespace, query.get("labelSelector", ""), query.get("fieldSelector", "")
                 )
+                items, metadata = self.kube.page(items, rv, query)
                 self._send(
                     200,
                     {
                         "kind": kind.kind + "List",
                         "apiVersion": kind.api_version,
-                        "metadata": {"resourceVersion": rv},
+                        "metadata": metadata,
                         "items": items,
                     },
                 )

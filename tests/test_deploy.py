@@ -255,6 +255,29 @@ def test_custom_resource_rules_only_for_the_setup_using_them() -> None:
     assert groups("capacity-buffer-kueue") & custom == {"autoscaling.x-k8s.io", "kueue.x-k8s.io"}
 
 
+@pytest.mark.parametrize("setup", sorted(SETUPS))
+def test_every_setup_lets_the_scaler_and_the_service_read_cron_jobs(setup: str) -> None:
+    """Scheduled jobs are known demand in every setup: the loop lists the CronJobs each
+    pass and its collector watches them; /v1/plan lists them as the loop does. Nothing
+    more: gpuscale never writes a CronJob."""
+    docs = setup_docs(setup)
+
+    def cron_job_verbs(name: str) -> set[str]:
+        role = by_kind(docs, "ClusterRole")[name]
+        return {
+            verb
+            for rule in role["rules"]
+            if "batch" in rule["apiGroups"] and "cronjobs" in rule["resources"]
+            for verb in rule["verbs"]
+        }
+
+    assert cron_job_verbs("gpuscale-scaler") == {"list", "watch"}
+    assert cron_job_verbs("gpuscale-service") == {"list"}
+    scan = code_calls()
+    assert "+watch" in scan["predictor/telemetry/scheduled_jobs.py"]  # through its informer
+    assert "list_cron_job_for_all_namespaces" in scan["scaler/kube/cronjobs.py"]
+
+
 def test_validator_rejects_a_broken_manifest(docs: list[dict[str, Any]]) -> None:
     import kubernetes_validate
 
@@ -596,7 +619,9 @@ def _api_methods() -> set[str]:
 
 
 def code_calls() -> dict[str, set[str]]:
-    """Kubernetes client methods each source module calls or hands to a watch ("+watch")."""
+    """Kubernetes client methods each source module calls or hands to a watch ("+watch"):
+    the client's Watch, or an informer (`predictor.telemetry.kubernetes.Informer`: list,
+    then watch)."""
     methods = _api_methods() - {"get_api_resources", "get_code"}
     found: dict[str, set[str]] = {}
     for package in ("scaler", "predictor"):
@@ -606,7 +631,9 @@ def code_calls() -> dict[str, set[str]]:
                 n.attr for n in ast.walk(tree) if isinstance(n, ast.Attribute) and n.attr in methods
             }
             watched = any(
-                isinstance(n, ast.Attribute) and n.attr == "Watch" for n in ast.walk(tree)
+                (isinstance(n, ast.Attribute) and n.attr == "Watch")
+                or (isinstance(n, ast.Name) and n.id == "Informer")
+                for n in ast.walk(tree)
             )
             if names:
                 rel = path.relative_to(ROOT).as_posix()

@@ -346,8 +346,10 @@ def test_collect_once_writes_demand_per_pool(cluster, tmp_path: Path) -> None:
         app, ["collect", "--once", "--json", "--config", str(config), "--state-dir", str(state_dir)]
     )
     assert result.exit_code == 0, result.output
-    [sample] = json.loads(result.output)["samples"]
+    # The scheduled jobs (CronJobs, none here) come with the Kubernetes source.
+    sample, scheduled = json.loads(result.output)["samples"]
     assert sample["source"] == "kubernetes" and sample["error"] is None
+    assert scheduled["source"] == "cronjobs" and scheduled["error"] is None
     at = pd.Timestamp(sample["at"])
     assert at == at.floor("60s")
     store = TelemetryStore(state_dir)

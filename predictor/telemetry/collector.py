@@ -7,6 +7,10 @@ if it stays down, the sample it owed is recorded as a gap and the others carry o
 start, sources that keep history (Prometheus) are backfilled from where the store stops,
 or over the configured window when it has nothing from them.
 
+With the Kubernetes source come the scheduled jobs (`scheduled_jobs`): the GPUs CronJobs
+will ask for in the next hour, per pool, a source of its own so that a cluster that does
+not let the collector read CronJobs still records its pools' demand.
+
 The collector exposes its own health through prometheus-client: points written, source
 errors, gaps, and the lag of each source (seconds since its newest point).
 """
@@ -319,8 +323,12 @@ def build_sources(config: CollectorConfig) -> list[Source]:
         sources.append(PrometheusSource(prometheus))
     if config.kubernetes is not None:
         from predictor.telemetry.kubernetes import KubernetesSource
+        from predictor.telemetry.scheduled_jobs import ScheduledJobsSource
 
         sources.append(KubernetesSource(config.kubernetes))
+        # The CronJobs' GPUs due in the next hour (`gpu_scheduled`), a source of its own:
+        # a cluster whose RBAC does not let it read CronJobs still records its demand.
+        sources.append(ScheduledJobsSource(config.kubernetes))
     if config.nvml is not None:
         from predictor.telemetry.nvml import NvmlSource
 

@@ -42,6 +42,12 @@ the cluster say now, so the loop is safe to kill and restart at any moment:
   resizes them and removes no node: the surplus the plan finds is left to the autoscaler's
   scale-down (no buffer or placeholder holds room on it). With `provider.scale_down:
   provider` (static Karpenter NodePools) the provider drains the nodes it takes out.
+- Scheduled jobs are known demand: the CronJobs' runs due within a pool's boot time plus
+  one demand step (`scaler.kube.cronjobs`, read each pass as Kueue's queue is) are the
+  pool's `DemandOutlook.scheduled`, so the nodes of a run are ready when it fires. Where
+  the API server refuses to list CronJobs (the RBAC grants it no list) the loop plans
+  without them and says so once; where it fails to answer, scale-downs are held, as for
+  missing telemetry; a schedule that cannot be read leaves its CronJob out, said once.
 - The planner's memory advances once per demand step: passes within one step all plan
   from the memory at the start of that step, so repeating a pass repeats its decision.
 
@@ -55,7 +61,7 @@ from __future__ import annotations
 import logging
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
-from datetime import UTC, datetime
+from datetime import UTC, datetime, timedelta
 from typing import Any
 
 import pandas as pd
@@ -80,8 +86,9 @@ from scaler.kube.capacity_buffers import (
     not_ready,
     unit_template,
 )
+from scaler.kube.cronjobs import read_scheduled, scheduled_nodes
 from scaler.kube.drainability import CLUSTER_AUTOSCALER_RULES
-from scaler.kube.errors import KubeError
+from scaler.kube.errors import KubeError, Refusal
 from scaler.kube.kueue import with_queue
 from scaler.kube.nodes import DrainSettings, NodeRemoval, RemovalOutcome, RemovalStatus
 from scaler.kube.objects import job_of, parse_taint
@@ -98,6 +105,7 @@ from scaler.placement.estimator import ScaleUpEstimate
 from scaler.placement.policies import make_policy
 from scaler.placement.policies.base import Policy
 from scaler.planning.demand import DemandReading, Outlooks, outlooks, read_demand
+from scaler.planning.job_spare import ScheduledNodes
 from scaler.planning.planner import (
     CapacityPlan,
     DemandOutlook,
@@ -243,10 +251,15 @@ class PassDecision:
     # Surplus nodes the plan would take out, left to the node autoscaler (scale_down: none).
     left_to_autoscaler: tuple[Removal, ...] = ()
     lowered: tuple[TargetCut, ...] = ()  # targets above the nodes held, no longer wanted
+    scheduled_problem: str | None = None  # the CronJobs could not be read: why
 
     @property
     def problems(self) -> list[str]:
-        return self.reading.problems + ([self.outlook.problem] if self.outlook.problem else [])
+        return (
+            self.reading.problems
+            + ([self.outlook.problem] if self.outlook.problem else [])
+            + ([self.scheduled_problem] if self.scheduled_problem else [])
+        )
 
     @property
     def job_spare(self) -> Mapping[str, int]:
@@ -272,6 +285,12 @@ class PassDecision:
                     else {
                         "minutes_ago": list(o.requests.minutes_ago),
                         "nodes": list(o.requests.nodes),
+                    },
+                    "scheduled": None
+                    if o.scheduled is None
+                    else {
+                        "minutes_ahead": list(o.scheduled.minutes_ahead),
+                        "nodes": list(o.scheduled.nodes),
                     },
                 }
                 for o in self.outlook.outlooks
@@ -398,6 +417,16 @@ def with_requests(
     return tuple(
         replace(o, requests=requests.requests(o.group, at)) if o.group in names else o
         for o in outlooks
+    )
+
+
+def with_scheduled(
+    outlooks: Sequence[DemandOutlook], scheduled: Mapping[str, ScheduledNodes]
+) -> tuple[DemandOutlook, ...]:
+    """The outlooks with the nodes scheduled jobs will ask of the pool each is named like
+    (`scaler.kube.cronjobs.scheduled_nodes`); a series named otherwise is no one pool's."""
+    return tuple(
+        replace(o, scheduled=scheduled[o.group]) if o.group in scheduled else o for o in outlooks
     )
 
 
@@ -708,6 +737,8 @@ class Reconciler:
         self._dry_state: PlannerState | None = None  # a dry run's memory stays in memory
         # The loop reads the buffers every pass; a buffer not ready is said when it shows.
         self._buffer_problems = ProblemLog(log)
+        # And the CronJobs: a refusal, a failure or a schedule it cannot read, likewise.
+        self._scheduled_problems = ProblemLog(log)
 
     # ---- deciding ------------------------------------------------------------------------
     def decide(self, state: PlannerState | None = None) -> PassDecision:
@@ -754,9 +785,16 @@ class Reconciler:
             outlook = replace(
                 outlook, outlooks=with_requests(outlook.outlooks, requests, pools, now)
             )
+        scheduled_problem = None
+        if kube is not None and self.system.kube is not None:
+            scheduled, scheduled_problem = self._scheduled(now, pools, names)
+            if scheduled is not None:
+                outlook = replace(outlook, outlooks=with_scheduled(outlook.outlooks, scheduled))
         memory = state.memory_for(step)
         planned = plan(outlook.outlooks, fleet_state, pools, cfg.policy, memory)
         problems = reading.problems + ([outlook.problem] if outlook.problem else [])
+        if scheduled_problem is not None:
+            problems.append(scheduled_problem)
         desired, held = hold_scale_downs(planned, problems)
         reactive = None
         if demand is not None:
@@ -817,7 +855,36 @@ class Reconciler:
             buffers=tuple(buffers),
             left_to_autoscaler=tuple(left),
             lowered=tuple(lowered),
+            scheduled_problem=scheduled_problem,
         )
+
+    def _scheduled(
+        self, now: datetime, pools: Sequence[NodePool], names: KubeNames
+    ) -> tuple[dict[str, ScheduledNodes] | None, str | None]:
+        """The nodes the CronJobs' runs will ask of each pool (`scaler.kube.cronjobs`), or
+        None; and, where the API server failed to answer, why (a problem that holds
+        scale-downs: a run due soon may be among what was not read). A refusal to list
+        (RBAC, or no CronJobs served) is no problem of the pass: the loop plans without
+        scheduled jobs, and says so once."""
+        assert self.system.kube is not None
+        step = self.config.policy.step_seconds
+        horizon = timedelta(seconds=max((p.boot_seconds for p in pools), default=0.0) + step)
+        try:
+            found = read_scheduled(self.system.kube, names, now, horizon)
+        except KubeError as exc:
+            problem = f"scheduled jobs unknown: {exc}"
+            self._scheduled_problems.report([problem])
+            return None, problem
+        if isinstance(found, Refusal):
+            self._scheduled_problems.report(
+                [
+                    f"CronJobs are not read ({found}): scheduled jobs are not planned for;"
+                    " grant list on batch/cronjobs (the Helm chart does)"
+                ]
+            )
+            return None, None
+        self._scheduled_problems.report(found.problems)
+        return scheduled_nodes(found.runs, pools, now, step), None
 
     # ---- one pass -------------------------------------------------------------------------
     def iterate(self, apply: bool) -> PassOutcome:

@@ -35,6 +35,9 @@ API_CALLS: dict[str, Permission] = {
     # cordon, uncordon; defrag: its move notes, the MIG config label, the MIG layout note
     "patch_node": Permission("", "nodes", "patch"),
     "list_pod_for_all_namespaces": Permission("", "pods", "list"),
+    # Scheduled jobs: the loop lists the CronJobs each pass, the collector beside it watches
+    # them, and /v1/plan reads them as the loop does.
+    "list_cron_job_for_all_namespaces": Permission("batch", "cronjobs", "list"),
     "read_namespaced_pod": Permission("", "pods", "get"),  # extender bind: the pod's requests
     "patch_namespaced_pod": Permission("", "pods", "patch"),  # extender bind: GPU annotation
     "create_namespaced_pod_binding": Permission("", "pods/binding", "create"),
@@ -129,8 +132,10 @@ COMPONENT_MODULES: dict[str, tuple[str, ...]] = {
         "scaler/providers/karpenter.py",
         "scaler/providers/autoscaler.py",
         "scaler/kube/kueue.py",
+        "scaler/kube/cronjobs.py",
         "predictor/telemetry/kubernetes.py",
         "predictor/telemetry/kueue.py",
+        "predictor/telemetry/scheduled_jobs.py",
     ),
     "service": (
         "scaler/service/cluster.py",
@@ -141,6 +146,7 @@ COMPONENT_MODULES: dict[str, tuple[str, ...]] = {
         "scaler/providers/karpenter.py",
         "scaler/providers/autoscaler.py",
         "scaler/kube/kueue.py",
+        "scaler/kube/cronjobs.py",
     ),
     "collector": (),
 }
