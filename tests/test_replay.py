@@ -33,6 +33,7 @@ from scaler.evaluation.scaling_bench import (
     CES_MULTIPLES,
     HEADROOM_NODES,
     HEADROOM_SHARES,
+    NOT_BASELINES,
     ROLLING_BUFFERS,
     ROLLING_WINDOWS,
     BenchSettings,
@@ -183,13 +184,14 @@ def test_replay_on_a_helios_vc_slice_beats_reactive_on_shortage(
     _, outcomes = vclJZ_bench
     rows = [o.row() for o in outcomes]
     assert {r["policy"] for r in rows} == {
-        "static", "reactive", "ces", "oracle", "predictive",
+        "static", "reactive", "ces", "oracle", "predictive", "predictive-no-forecast",
         "headroom", "headroom-percent", "rolling-max",
     }  # fmt: skip
     assert all(r["steps"] == int(rows[0]["steps"]) for r in rows)
     swept = len(HEADROOM_NODES) + len(HEADROOM_SHARES) + len(CES_MULTIPLES)
     swept += len(ROLLING_WINDOWS) * len(ROLLING_BUFFERS)
-    assert len(rows) == 2 * (4 + swept + 2)  # per lag: 4 baselines, the sweeps, 2 knobs
+    # per lag: 4 baselines, the sweeps, 2 knobs with and without the forecast
+    assert len(rows) == 2 * (4 + swept + 2 * 2)
     by = {(r["policy"], r["knob"], r["lag_steps"]): r for r in rows}
     for lag in (0, 1):
         ours, reactive = by["predictive", 0.05, lag], by["reactive", None, lag]
@@ -407,7 +409,7 @@ def test_swept_baselines_match_an_independent_replay_on_a_helios_slice(
     swept = {"headroom", "headroom-percent", "rolling-max"}
     for lag in (0, 1):
         mine = [o for o in outcomes if o.lag == lag and (o.policy in swept or o.setting)]
-        mine = [o for o in mine if o.policy != "predictive"]
+        mine = [o for o in mine if o.policy not in NOT_BASELINES]
         ces = (*item.ces_future, item.ces_buffer)
         assert_rows_match(mine, independent_rows(s.demand, s.warmup, s.start, lag, None, ces))
 
@@ -532,12 +534,14 @@ def test_no_decision_reads_demand_at_or_after_its_step(traces_dir: Path) -> None
 
 
 def test_gpuscale_bench_scaling_writes_the_row_contract(traces_dir: Path, tmp_path: Path) -> None:
+    # Lag 3 too: a GPU node that pulls its image and loads a model serves 20-30 minutes on.
+    lags = (0, 1, 3)
     result, document = bench_vc_slice(
-        traces_dir, tmp_path / "scaling.json", "--lag", "0", "--lag", "1", "--knob", "0.2",
-        "--knob", "0.05",
+        traces_dir, tmp_path / "scaling.json", "--lag", "0", "--lag", "1", "--lag", "3",
+        "--knob", "0.2", "--knob", "0.05",
     )  # fmt: skip
     assert "cost at matched shortage" in result.output
-    assert "over 4 points" in result.output and "the buffer tuned the week before" in result.output
+    assert "over 6 points" in result.output and "the buffer tuned the week before" in result.output
     assert document["suite"] == "scaling"
     fields = {
         "trace", "series", "lag_steps", "policy", "knob", "provisioning_ratio", "shortage_events",
@@ -546,12 +550,31 @@ def test_gpuscale_bench_scaling_writes_the_row_contract(traces_dir: Path, tmp_pa
     assert all(fields <= row.keys() for row in document["rows"])
     unswept = [(r["policy"], r["lag_steps"]) for r in document["rows"] if r["knob"] is None]
     assert sorted(unswept) == sorted(
-        (p, lag) for p in ("static", "reactive", "ces", "oracle") for lag in (0, 1)
+        (p, lag) for p in ("static", "reactive", "ces", "oracle") for lag in lags
     )
     ours = [(r["knob"], r["lag_steps"]) for r in document["rows"] if r["policy"] == "predictive"]
-    assert sorted(ours) == [(0.05, 0), (0.05, 1), (0.2, 0), (0.2, 1)]
+    assert sorted(ours) == [(k, lag) for k in (0.05, 0.2) for lag in lags]
+    # Beside each predictive point, the same planner with no forecast-driven rule.
+    plain = {
+        (r["knob"], r["lag_steps"]): r
+        for r in document["rows"]
+        if r["policy"] == "predictive-no-forecast"
+    }
+    assert sorted(plain) == sorted(ours)
+    for s in document["summary"]:
+        other = plain[s["knob"], s["lag_steps"]]
+        differs = (s["predictive_ratio"], s["predictive_node_steps"]) != (
+            other["provisioning_ratio"],
+            other["shortage_node_steps"],
+        ) or s["predictive_events"] != other["shortage_events"]
+        assert s["forecast_differs"] is differs
+        assert s["no_forecast_ratio"] == other["provisioning_ratio"]
+        if s["saving"] is not None and s["no_forecast_saving"] is not None:
+            assert s["forecast_gain"] == s["saving"] - s["no_forecast_saving"]
+    assert "what the forecast adds" in result.output
+    assert {(o["knob"], o["lag_steps"]) for o in document["by_lag_knob"]} == set(ours)
     rolling = [r for r in document["rows"] if r["policy"] == "rolling-max"]
-    assert len(rolling) == 2 * len(ROLLING_WINDOWS) * len(ROLLING_BUFFERS)
+    assert len(rolling) == len(lags) * len(ROLLING_WINDOWS) * len(ROLLING_BUFFERS)
     assert all(r["knob"] == r["buffer_nodes"] and r["window_steps"] for r in rolling)
     assert sorted((s["knob"], s["lag_steps"]) for s in document["summary"]) == sorted(ours)
     for s in document["summary"]:

@@ -44,7 +44,8 @@ def bench_scaling(
     lags: Annotated[
         list[int] | None,
         typer.Option(
-            "--lag", help="Boot lag L in steps (0 or 1 in the protocol); repeat. Default: 0 and 1."
+            "--lag",
+            help="Boot lag L in steps (0, 1, 2 and 3 in the protocol); repeat. Default: 0 and 1.",
         ),
     ] = None,
     split: Annotated[
@@ -113,7 +114,8 @@ def bench_scaling(
     """Replay demand traces through the scaling policies (BENCHMARKS.md `scaling`).
 
     Every series runs under `static`, `reactive` (Cluster Autoscaler), `ces` (the Helios
-    rule on our median forecast), `oracle` and `predictive` (our planner, one row per
+    rule on our median forecast), `oracle`, `predictive` (our planner, one row per --knob)
+    and `predictive-no-forecast` (the same planner with no forecast-driven rule, at each
     --knob) at each lag, side by side, and under the baselines teams run instead, each swept
     over its setting (row field `knob`): `headroom` (reactive plus k spare nodes),
     `headroom-percent` (plus ceil(p x demand)), `rolling-max` (peak of the last W steps plus
@@ -123,7 +125,9 @@ def bench_scaling(
     actions per day and the replay time (model fitting and forecasting are timed apart, in
     `fit_seconds` and `forecast_seconds`). The summary sets each predictive point against
     its matched baseline, the cheapest baseline row with no more shortage node-steps
-    (saving = 1 - ours / matched), with the realised share of short steps. With --walks,
+    (saving = 1 - ours / matched), with the realised share of short steps, and next to
+    the no-forecast row at the same knob (`forecast_gain`: ours less its saving; the
+    `by_lag_knob` list sums these per lag and knob over every series). With --walks,
     `walk_ceiling` gives the same match for the best causal policy on random walks drawn
     from each series' own changes (scaler/evaluation/walk_ceiling.py).
     """
@@ -134,6 +138,7 @@ def bench_scaling(
     from scaler.evaluation.scaling_bench import (
         BenchSettings,
         bench_trace,
+        by_lag_and_knob,
         overview,
         summarize,
         unneeded_steps,
@@ -179,15 +184,23 @@ def bench_scaling(
         replayed += [(p.series, unneeded_steps(p.step)) for p in prepared.series]
         for outcome in outcomes:
             row = outcome.row()
-            if row["policy"] in ("predictive", "ces"):
+            if row["policy"] in ("predictive", "predictive-no-forecast", "ces"):
                 row["model"] = model
                 row["forecast_seconds"] = round(prepared.forecast_seconds, 3)
                 row["fit_seconds"] = round(prepared.fit_seconds, 3)
             rows.append(row)
     summary = summarize(rows)
     overall = overview(summary)
+    per_lag_knob = by_lag_and_knob(summary)
     _print_rows(rows, summary, overall)
-    document = {"suite": "scaling", "rows": rows, "summary": summary, "overview": overall}
+    _print_by_lag_and_knob(per_lag_knob)
+    document = {
+        "suite": "scaling",
+        "rows": rows,
+        "summary": summary,
+        "overview": overall,
+        "by_lag_knob": per_lag_knob,
+    }
     if walks:
         knob_list = settings.knobs or (settings.policy.target_shortage,)
         ceiling = walk_ceiling(replayed, knob_list, walks)
@@ -222,7 +235,8 @@ def _print_rows(
     from rich.table import Table
 
     # The swept baselines are many; they reach the screen through the matched table.
-    shown = [r for r in rows if r["knob"] is None or r["policy"] == "predictive"]
+    ours = ("predictive", "predictive-no-forecast")
+    shown = [r for r in rows if r["knob"] is None or r["policy"] in ours]
     table = Table(
         title=f"scaling: provisioning and shortage per policy ({len(rows) - len(shown)} swept"
         " baseline rows in --json)"
@@ -279,7 +293,8 @@ def _print_rows(
         columns = ("trace", "L", "knob", "series", "matched", "mean saving", "worst")
         bands = ("short share in knob/2..2 knob", "if calibrated")
         tuned_columns = ("tuned the week before: saving", "in band")
-        for column in (*columns, *bands, *tuned_columns):
+        forecast_columns = ("no forecast: saving", "forecast adds", "differ")
+        for column in (*columns, *bands, *tuned_columns, *forecast_columns):
             totals.add_column(column, justify="left" if column == "trace" else "right")
         for o in overall:
             mean, worst, tuned = o["mean_saving"], o["worst_saving"], o["tuned_mean_saving"]
@@ -295,9 +310,44 @@ def _print_rows(
                 f"{o['calibrated_in_band']:.0%}",
                 "n/a" if tuned is None else f"{tuned:+.1%}",
                 f"{o['tuned_in_band']:.0%}",
+                _percent(o["no_forecast_mean_saving"]),
+                _percent(o["forecast_mean_gain"]),
+                f"{o['forecast_points_differ']}/{o['series']}",
             )
         console.print(totals)
         console.print(_against_the_tuned_buffer(summary))
+
+
+def _percent(value: object) -> str:
+    return "n/a" if value is None else f"{float(value):+.1%}"  # type: ignore[arg-type]
+
+
+def _print_by_lag_and_knob(per_lag_knob: Sequence[dict[str, object]]) -> None:
+    """The figures the targets are read from, per lag and knob over every series: ours
+    against the envelope, against the buffer tuned the week before, and what the forecast
+    adds (ours against the same planner without it, at matched shortage)."""
+    from rich.table import Table
+
+    if not per_lag_knob:
+        return
+    table = Table(title="per lag and knob, over every series: what the forecast adds")
+    columns = ("L", "knob", "points", "saving", "tuned: saving", "ours - tuned")
+    columns += ("no forecast: saving", "forecast adds", "differ")
+    for column in columns:
+        table.add_column(column, justify="right")
+    for o in per_lag_knob:
+        table.add_row(
+            str(o["lag_steps"]),
+            f"{o['knob']:g}",
+            str(o["points"]),
+            _percent(o["mean_saving"]),
+            _percent(o["tuned_mean_saving"]),
+            _percent(o["mean_over_tuned"]),
+            _percent(o["no_forecast_mean_saving"]),
+            _percent(o["forecast_mean_gain"]),
+            f"{o['forecast_points_differ']}/{o['points']}",
+        )
+    table_console().print(table)
 
 
 def _print_walk_ceiling(ceiling: WalkCeiling) -> None:

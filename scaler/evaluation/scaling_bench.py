@@ -1,5 +1,6 @@
 """The `scaling` benchmark (BENCHMARKS.md): every trace series replayed at each boot lag
-through `static`, `reactive`, `ces`, `oracle`, `predictive` (one row per knob) and the
+through `static`, `reactive`, `ces`, `oracle`, `predictive` and `predictive-no-forecast`
+(the same planner with no forecast-driven rule; one row of each per knob) and the
 baselines teams run instead, each swept over its setting (`headroom`, `headroom-percent`,
 `rolling-max`, `ces` at multiples of its buffer), side by side on the same forecasts; each
 predictive point is then set against the cheapest baseline with no more shortage.
@@ -64,8 +65,12 @@ HEADROOM_SHARES: tuple[float, ...] = (0.02, 0.05, 0.1, 0.2, 0.3, 0.5)
 ROLLING_WINDOWS: tuple[int, ...] = (3, 6, 12, 36)
 ROLLING_BUFFERS: tuple[int, ...] = (0, 2, 5, 10, 20)
 CES_MULTIPLES: tuple[float, ...] = (0.5, 1.0, 2.0, 4.0)
-# Rows that are no baseline to match: ours, and the physical limit.
-NOT_BASELINES = frozenset({"predictive", "oracle"})
+# Our planner with its forecast rules off (`PlannerPolicy.forecast_rules`): what the
+# forecast adds is `predictive` against it.
+NO_FORECAST = "predictive-no-forecast"
+# Rows that are no baseline to match: ours (with or without the forecast), and the
+# physical limit.
+NOT_BASELINES = frozenset({"predictive", NO_FORECAST, "oracle"})
 
 
 @dataclass(frozen=True)
@@ -295,12 +300,13 @@ def trace_pool(prepared: PreparedSeries, lag: int) -> NodePool:
 
 
 def planner_run(prepared: PreparedSeries, lag: int, policy: PlannerPolicy) -> ReplayOutcome:
-    """Our planner (`predictive` row, or any knob setting of it) over one series."""
+    """Our planner (`predictive` row, or any knob setting of it; `predictive-no-forecast`
+    where the policy's forecast rules are off) over one series."""
     step_seconds = prepared.step.total_seconds()
     return replay(
         prepared.series,
         PlannerPolicyRun(
-            "predictive",
+            "predictive" if policy.forecast_rules else NO_FORECAST,
             policy.model_copy(update={"step_seconds": step_seconds}),
             trace_pool(prepared, lag),
             prepared.units,
@@ -406,8 +412,15 @@ def bench_trace(
         for lag in settings.lags:
             outcomes += baseline_runs(item, lag)
             outcomes += sweep_runs(item, lag)
-            outcomes += [planner_run(item, lag, p) for p in settings.planner_policies()]
+            for p in settings.planner_policies():
+                outcomes.append(planner_run(item, lag, p))
+                outcomes.append(planner_run(item, lag, without_forecast(p)))
     return prepared, outcomes
+
+
+def without_forecast(policy: PlannerPolicy) -> PlannerPolicy:
+    """The same planner with no forecast-driven rule (the `predictive-no-forecast` row)."""
+    return policy.model_copy(update={"forecast_rules": False})
 
 
 Row = dict[str, object]
@@ -477,6 +490,7 @@ def summarize(rows: Sequence[Row]) -> list[Row]:
         envelope = lower_envelope(baselines)
         by_policy = {r["policy"]: r for r in group if r.get("knob") is None}
         reactive, oracle = by_policy.get("reactive"), by_policy.get("oracle")
+        no_forecast = {r["knob"]: r for r in group if r["policy"] == NO_FORECAST}
         for ours in (r for r in group if r["policy"] == "predictive"):
             match, saving = matched_baseline(envelope, ours)
             tuned = tuned_buffer(baselines, float(ours["knob"]))
@@ -504,9 +518,45 @@ def summarize(rows: Sequence[Row]) -> list[Row]:
                     else reactive["shortage_node_steps"],
                     "oracle_ratio": None if oracle is None else oracle["provisioning_ratio"],
                     **_against_tuned(ours, tuned, envelope),
+                    **_against_no_forecast(ours, saving, no_forecast.get(ours["knob"]), envelope),
                 }
             )
     return out
+
+
+# What `_against_no_forecast` reports, all None where the run had no such row.
+_NO_FORECAST_FIELDS = (
+    "no_forecast_ratio",
+    "no_forecast_events",
+    "no_forecast_node_steps",
+    "no_forecast_saving",
+    "forecast_gain",
+    "forecast_differs",
+)
+
+
+def _against_no_forecast(
+    ours: Row, saving: float | None, plain: Row | None, envelope: Sequence[Row]
+) -> Row:
+    """A predictive point next to the same planner without its forecast rules at the same
+    knob: that row's cost and shortage, its own saving against the envelope at its shortage
+    (`no_forecast_saving`), and what the forecast is worth at matched shortage,
+    `forecast_gain` = saving - no_forecast_saving (each priced against the same envelope at
+    its own shortage, as `tuned_matched_saving` is); `forecast_differs`: whether the two
+    rows differ at all in cost or shortage (where they do not, the forecast changed no
+    decision that mattered)."""
+    if plain is None:
+        return dict.fromkeys(_NO_FORECAST_FIELDS)
+    _, plain_saving = matched_baseline(envelope, plain)
+    fields = ("provisioning_ratio", "shortage_events", "shortage_node_steps")
+    return {
+        "no_forecast_ratio": plain["provisioning_ratio"],
+        "no_forecast_events": plain["shortage_events"],
+        "no_forecast_node_steps": plain["shortage_node_steps"],
+        "no_forecast_saving": plain_saving,
+        "forecast_gain": None if saving is None or plain_saving is None else saving - plain_saving,
+        "forecast_differs": any(ours[f] != plain[f] for f in fields),
+    }
 
 
 def in_band_if_calibrated(knob: float, steps: int) -> float:
@@ -594,7 +644,9 @@ def overview(summary: Sequence[Row]) -> list[Row]:
     shortage (`tuned_mean_saving`, to read next to ours), the share of series where its
     short steps kept the knob's band (`tuned_in_band`), the points where ours is no
     worse on both cost and shortage (`ours_no_worse`) and where it is (`tuned_no_worse`;
-    equal points count in both)."""
+    equal points count in both); and against the planner without its forecast rules, its
+    mean saving against the envelope (`no_forecast_mean_saving`), the mean of ours less it
+    (`forecast_mean_gain`) and the points where the two differ (`forecast_points_differ`)."""
     groups: dict[tuple[str, int, float], list[Row]] = {}
     for s in summary:
         key = (str(s["trace"]), int(s["lag_steps"]), float(s["knob"]))
@@ -624,6 +676,48 @@ def overview(summary: Sequence[Row]) -> list[Row]:
                 "tuned_no_worse": sum(
                     p.get("no_worse_on_both") in ("tuned", "both") for p in points
                 ),
+                **_forecast_worth(points),
+            }
+        )
+    return out
+
+
+def _forecast_worth(points: Sequence[Row]) -> Row:
+    """Over some predictive points: the planner without its forecast rules against the
+    envelope, what the forecast adds at matched shortage, and on how many points it
+    changed the outcome at all."""
+    return {
+        "no_forecast_mean_saving": mean_of(points, "no_forecast_saving"),
+        "forecast_mean_gain": mean_of(points, "forecast_gain"),
+        "forecast_points_differ": sum(bool(p.get("forecast_differs")) for p in points),
+    }
+
+
+def by_lag_and_knob(summary: Sequence[Row]) -> list[Row]:
+    """Per lag and knob, over every series of every trace: ours against the envelope
+    (`mean_saving`), against the buffer tuned the week before (`mean_over_tuned`, the mean
+    of saving - tuned_matched_saving: how much cheaper ours is than that team's buffer,
+    both priced against the same envelope) and against itself without the forecast
+    (`_forecast_worth`): the figures BENCHMARKS.md's targets are read from."""
+    groups: dict[tuple[int, float], list[Row]] = {}
+    for s in summary:
+        groups.setdefault((int(s["lag_steps"]), float(s["knob"])), []).append(s)
+    out = []
+    for (lag, knob), points in sorted(groups.items()):
+        over_tuned = [
+            {"gap": float(p["saving"]) - float(p["tuned_matched_saving"])}
+            for p in points
+            if p["saving"] is not None and p.get("tuned_matched_saving") is not None
+        ]
+        out.append(
+            {
+                "lag_steps": lag,
+                "knob": knob,
+                "points": len(points),
+                "mean_saving": mean_of(points, "saving"),
+                "tuned_mean_saving": mean_of(points, "tuned_matched_saving"),
+                "mean_over_tuned": mean_of(over_tuned, "gap"),
+                **_forecast_worth(points),
             }
         )
     return out

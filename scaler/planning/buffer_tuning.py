@@ -64,6 +64,10 @@ RULES: tuple[BufferRule, ...] = (
     *(BufferRule("forecast", b) for b in range(11)),
     *(BufferRule("sustained", 0, w) for w in (2, 3, 4, 6, 9, 12)),
 )
+# The rules that read nothing but the observed demand: what the planner tunes among with
+# its forecast rules off (`PlannerPolicy.forecast_rules`), so that the bench can price what
+# the forecast adds (`predictive-no-forecast`).
+DEMAND_ONLY: tuple[int, ...] = tuple(i for i, r in enumerate(RULES) if r.kind != "forecast")
 
 
 @dataclass(frozen=True, slots=True)
@@ -133,6 +137,18 @@ def _base(rule: BufferRule, demand: np.ndarray, bound: np.ndarray) -> np.ndarray
     for back in range(1, min(rule.window, demand.size)):
         combine(level[back:], demand[:-back], out=level[back:])
     return level
+
+
+def tune(
+    observed: np.ndarray, forecast: np.ndarray, lead: int, knob: float, forecast_rules: bool
+) -> RuleRecord:
+    """The rule to follow now (`cheapest_within` over the replayed history), its `rule` an
+    index into RULES whichever rules were replayed: a memory saved under one setting of
+    `forecast_rules` then names the same rule under the other."""
+    chosen = RULES if forecast_rules else tuple(RULES[i] for i in DEMAND_ONLY)
+    best = cheapest_within(replay_rules(observed, forecast, lead, chosen), knob)
+    index = best.rule if forecast_rules else DEMAND_ONLY[best.rule]
+    return RuleRecord(index, best.short_share, best.mean_nodes, best.steps)
 
 
 def cheapest_within(records: Sequence[RuleRecord], knob: float) -> RuleRecord:

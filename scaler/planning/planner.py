@@ -43,13 +43,7 @@ import numpy as np
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from scaler.cluster.pools import NodePool, whole_nodes
-from scaler.planning.buffer_tuning import (
-    RULES,
-    RuleRecord,
-    cheapest_within,
-    replay_rules,
-    target_of,
-)
+from scaler.planning.buffer_tuning import RULES, RuleRecord, target_of, tune
 from scaler.planning.job_spare import (
     GroupSpare,
     NodeRequests,
@@ -127,6 +121,14 @@ class PlannerPolicy(BaseModel):
         "the forecast bound sizes the group)",
     )
     retune_steps: int = Field(default=6, ge=1, description="steps between two tunings")
+    forecast_rules: bool = Field(
+        default=True,
+        description="off: no decision reads the demand forecast. The tuning chooses among "
+        "the rules built on the observed demand alone (no `forecast` rule), and until it "
+        "has a day of history the group is sized on the last demand plus the conformal "
+        "margin learned from its own changes since (persistence in the forecast's place). "
+        "The benchmark's `predictive-no-forecast` rows: what the models add to the plan",
+    )
     min_scores: int = Field(default=30, ge=1)
     adapt_rate: float = Field(
         default=0.0, ge=0, description="ACI step size moving alpha toward the target"
@@ -492,6 +494,20 @@ def _job_level_spares(
     return out
 
 
+def _forecast_rows(
+    outlook: DemandOutlook, policy: PlannerPolicy, rows: int, observed: float
+) -> tuple[np.ndarray, np.ndarray]:
+    """The base and median quantiles of the next `rows` steps the bound is built on (GPUs):
+    the outlook's, or, with the forecast rules off, the last demand for both (persistence:
+    the conformal margin then learns the spread of the group's own changes)."""
+    if not policy.forecast_rules:
+        last = np.full(rows, observed)
+        return last, last
+    base = outlook.quantile(policy.base_quantile)[:rows].astype(float)
+    median = outlook.quantile(policy.median_quantile)[:rows].astype(float)
+    return base, median
+
+
 def _group_need(
     outlook: DemandOutlook,
     old: GroupMemory,
@@ -523,8 +539,7 @@ def _group_need(
     rows = min(lead + 1, outlook.values.shape[0])
     if rows == 0:
         raise ValueError(f"outlook of {outlook.group!r} has no forecast rows")
-    base = outlook.quantile(policy.base_quantile)[:rows].astype(float)
-    median = outlook.quantile(policy.median_quantile)[:rows].astype(float)
+    base, median = _forecast_rows(outlook, policy, rows, observed)
     spread = np.maximum(base - median, policy.min_spread)
 
     # Score the observation against every forecast issued for it, per horizon row.
@@ -587,8 +602,12 @@ def _group_need(
         inputs["spare_nodes"] = spare[0]
     elif observed_nodes.size - 1 - (rows - 1) >= policy.tuning_min_steps:
         if tuned is None or step - tuned_step >= policy.retune_steps:
-            tuned = cheapest_within(
-                replay_rules(observed_nodes, bound_nodes, rows - 1), policy.target_shortage
+            tuned = tune(
+                observed_nodes,
+                bound_nodes,
+                rows - 1,
+                policy.target_shortage,
+                policy.forecast_rules,
             )
             tuned_step = step
         rule = RULES[tuned.rule]
