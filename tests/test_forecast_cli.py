@@ -8,6 +8,7 @@ import subprocess
 import sys
 from pathlib import Path
 
+import numpy as np
 import pandas as pd
 import pytest
 from typer.testing import CliRunner
@@ -118,3 +119,89 @@ def test_train_from_the_telemetry_store(vc_slice: Path, tmp_path: Path) -> None:
     assert meta["name"] == "store-model" and meta["series"] == ["vcTJs"]
     assert "pending" in meta["features"]  # exogenous metrics joined from the store
     assert meta["backtest"]["test_windows"][0][0].startswith("2020-05-04")
+
+
+def _walk_file(folder: Path, steps: int) -> Path:
+    """A `series` trace of an integer random walk on 10-minute steps."""
+    ds = pd.date_range("2024-01-01", periods=steps, freq="10min")
+    moves = np.random.default_rng(1).integers(-1, 2, steps)
+    path = folder / f"walk{steps}.csv"
+    frame = pd.DataFrame({"timestamp": ds.strftime("%Y-%m-%dT%H:%M"), "value": 40 + moves.cumsum()})
+    frame.to_csv(path, index=False)
+    return path
+
+
+def _one_error_line(done: subprocess.CompletedProcess[str]) -> str:
+    assert done.returncode == 2, done.stderr
+    assert done.stderr.startswith("error: ") and done.stderr.count("\n") == 1, done.stderr
+    return done.stderr.strip()
+
+
+@pytest.mark.parametrize(("steps", "split"), [(4, None), (8, None), (300, "2024-01-01T02:00")])
+def test_train_on_too_few_rows_says_the_minimum_in_one_line(
+    tmp_path: Path, steps: int, split: str | None
+) -> None:
+    """4 or 8 rows, or an early --split, left some horizon a row or none, and LightGBM
+    ended in a fatal log line and a traceback (exit 1): now the model's own minimum."""
+    registry = tmp_path / "models"
+    trace = f"series:{_walk_file(tmp_path, steps)}"
+    args = ["train", "--trace", trace, "--registry", str(registry)]
+    message = _one_error_line(gpuscale(*args, *(["--split", split] if split else [])))
+    before = {4: "00:20", 8: "00:50", 300: "02:00"}[steps]
+    held = {4: 2, 8: 5, 300: 12}[steps]
+    assert message == (
+        f"error: backtest fit on the history before 2024-01-01 {before}:00 (the test start, see"
+        " --split): history is too short to train the 72-step horizon: a series needs at least"
+        f" 98 steps of 10 min, the longest has {held} (training rows for that horizon: 0, at"
+        " least 2 needed)"
+    )
+    assert not registry.exists()
+
+
+@pytest.fixture(scope="module")
+def walk_model(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Path]:
+    """(trace, registry) of the default model trained on 300 steps: horizons up to 72."""
+    folder = tmp_path_factory.mktemp("walk")
+    trace, registry = _walk_file(folder, 300), folder / "models"
+    result = runner.invoke(
+        app, ["train", "--trace", f"series:{trace}", "--registry", str(registry), "--json"]
+    )
+    assert result.exit_code == 0, result.output
+    assert json.loads(result.output)["horizons"][-1] == 72
+    return trace, registry
+
+
+def _forecast(walk_model: tuple[Path, Path], *args: str) -> subprocess.CompletedProcess[str]:
+    trace, registry = walk_model
+    return gpuscale("forecast", "--trace", f"series:{trace}", "--registry", str(registry), *args)
+
+
+def test_a_horizon_beyond_the_trained_ones_is_refused_unless_extended(
+    walk_model: tuple[Path, Path],
+) -> None:
+    """It printed an extrapolated number at 1008 steps, exit 0, without a word."""
+    assert _one_error_line(_forecast(walk_model, "--horizon", "1008")) == (
+        "error: gpuscale v1 was trained for horizons up to 72 steps, not 1008"
+        " (--extend-horizon extrapolates them, with a warning)"
+    )
+    trained = _forecast(walk_model, "--horizon", "72", "--json")
+    assert trained.returncode == 0 and trained.stderr == "", trained.stderr
+    extended = _forecast(walk_model, "--horizon", "6", "--horizon", "1008", "--extend-horizon",
+                         "--json")  # fmt: skip
+    assert extended.returncode == 0, extended.stderr
+    assert extended.stderr == (
+        "warning: gpuscale v1 was trained for horizons up to 72 steps, not 1008:"
+        " extrapolated from 72 steps (--extend-horizon)\n"
+    )
+    horizons = [f["horizon"] for f in json.loads(extended.stdout)["forecasts"]]
+    assert horizons == [6, 1008]
+
+
+@pytest.mark.parametrize("horizon", ["2000", "0"])
+def test_a_horizon_off_the_range_is_one_line(walk_model: tuple[Path, Path], horizon: str) -> None:
+    """--horizon 2000 printed typer's five-line usage box; the week's cap stays, with
+    --extend-horizon too (a trillion steps allocated its arrays first)."""
+    for extend in ([], ["--extend-horizon"]):
+        assert _one_error_line(_forecast(walk_model, "--horizon", horizon, *extend)) == (
+            f"error: --horizon must be 1 to 1008 steps of 10 min (a week), got {horizon}"
+        )

@@ -148,6 +148,34 @@ def test_bad_requests_are_input_errors(helios: pd.DataFrame, fitted: dict[str, F
         build("lightgbm").forecast(helios, [1], (0.5,))
 
 
+def _walk(steps: int) -> pd.DataFrame:
+    """A short integer random walk on 10-minute steps."""
+    moves = np.random.default_rng(3).integers(-1, 2, steps)
+    ds = pd.date_range("2024-01-01", periods=steps, freq="10min")
+    return pd.DataFrame({"unique_id": "walk", "ds": ds, "y": 40.0 + np.cumsum(moves)})
+
+
+@pytest.mark.parametrize(("name", "minimum"), [("lightgbm", 6 + 2), ("gpuscale", 10)])
+def test_the_shortest_history_a_boosted_model_trains_on_is_its_stated_minimum(
+    name: str, minimum: int
+) -> None:
+    """Horizons up to 6 need 6 steps plus the 2 rows LightGBM's bagging needs (at
+    subsample 0.8), before the holdout: 10 steps keep 8 of them out of a quarter's holdout.
+    One step fewer is an InputError naming that minimum, raised before any booster is
+    fitted: LightGBM's own error for an empty bag is a fatal log line and a traceback."""
+    model = _model(name)
+    assert SMALL.minimum_rows == 2
+    assert getattr(model, "core", model).minimum_steps() == minimum
+    model.fit(_walk(minimum))
+    with pytest.raises(InputError) as caught:
+        _model(name).fit(_walk(minimum - 1))
+    assert str(caught.value) == (
+        f"history is too short to train the 6-step horizon: a series needs at least {minimum}"
+        f" steps of 10 min, the longest has {minimum - 1} (training rows for that horizon: 1,"
+        " at least 2 needed)"
+    )
+
+
 def _tracked(
     realised: np.ndarray,
     lattice: bool,

@@ -92,10 +92,16 @@ def train(
     windows = []
     for group in group_by_window(sources):
         windows.append([str(group[0].test_start), str(group[0].test_end)])
-        rows += [
-            r.to_dict()
-            for r in backtest_group(group, {model_name: make}, horizons=horizons, on_step=on_step)
-        ]
+        try:
+            found = backtest_group(group, {model_name: make}, horizons=horizons, on_step=on_step)
+        except InputError as exc:
+            # The backtest fits on less than the sources hold: say where its history ends,
+            # or "the longest has 74 steps" reads wrong to someone who gave 100.
+            raise InputError(
+                f"backtest fit on the history before {group[0].test_start} (the test start,"
+                f" see --split): {exc}"
+            ) from None
+        rows += [r.to_dict() for r in found]
     history = stepped_history(sources)
     began = time.perf_counter()
     model = make().fit(history)

@@ -58,3 +58,11 @@ class Forecaster(Protocol):
         """For every step t >= start in `history`, the forecast of y[t] made from data up to
         t - horizon only (a backtest or a replay in one vectorised call)."""
         ...
+
+
+def trained_horizon(model: object) -> int | None:
+    """The longest horizon (steps) `model` was trained for, or None for a model whose one
+    rule serves every horizon alike (the baselines): beyond it a learned model only
+    extrapolates (the boosted models by the square root of the horizon)."""
+    horizons = getattr(model, "horizons", None)
+    return max(horizons) if horizons else None

@@ -14,7 +14,8 @@ leakage guarantee lives in that one cut, which a wrapper's own lag machinery wou
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+import math
+from collections.abc import Mapping, Sequence
 from dataclasses import asdict, dataclass
 
 import numpy as np
@@ -46,6 +47,12 @@ class BoostParams:
     seed: int = 7
     # One thread: on a small shared machine OpenMP threads mostly wait on each other.
     threads: int = 1
+
+    @property
+    def minimum_rows(self) -> int:
+        """The fewest training rows a booster can be fitted on: every round bags
+        floor(subsample * rows) of them, and an empty bag is fatal to LightGBM."""
+        return math.ceil(1.0 / self.subsample)
 
     def lightgbm(self, level: float) -> dict[str, object]:
         return {
@@ -131,12 +138,10 @@ class QuantileBoost(DirectForecaster):
                 x = design_matrix(anchored, s.ds, anchors, h, s.step)
                 z = (s.y[anchors + h] - s.y[anchors]) / scale
                 parts[h].append((x, z))
-        if not any(parts.values()):
-            raise InputError("history is too short to train on (no step has a target)")
+        rows = {h: sum(c[1].size for c in chunks) for h, chunks in parts.items()}
+        self._check_rows(rows, max(s.size for s in series), series[0].step)
         self.training_window = (min(firsts), max(lasts))
         for h, chunks in parts.items():
-            if not chunks:
-                raise InputError(f"history is too short to train the {h}-step horizon")
             x = pd.concat([c[0] for c in chunks], ignore_index=True)[self.features]
             z = np.concatenate([c[1] for c in chunks])
             self.training_rows[h] = int(z.size)
@@ -145,6 +150,30 @@ class QuantileBoost(DirectForecaster):
                 self._boosters[(h, float(level))] = lgb.train(
                     self.params.lightgbm(float(level)), data, self.params.n_estimators
                 )
+
+    def minimum_steps(self) -> int:
+        """The shortest series that trains every horizon on its own: before the holdout,
+        the longest horizon must leave `BoostParams.minimum_rows` anchors with a target."""
+        need = self.horizons[-1] + self.params.minimum_rows
+        steps = need
+        while steps - round(steps * self.holdout) < need:  # holdout < 1: this ends
+            steps += 1
+        return steps
+
+    def _check_rows(self, rows: Mapping[int, int], longest: int, step: pd.Timedelta) -> None:
+        """Refuse, before any booster is fitted, a history that leaves some horizon fewer
+        training rows than LightGBM needs (its own error is a fatal log line and a
+        traceback). The longest short horizon is named: it is the one that binds."""
+        short = [h for h, n in rows.items() if n < self.params.minimum_rows]
+        if not short:
+            return
+        h = max(short)
+        raise InputError(
+            f"history is too short to train the {h}-step horizon: a series needs at least"
+            f" {self.minimum_steps()} steps of {_duration(step)}, the longest has {longest}"
+            f" (training rows for that horizon: {rows[h]}, at least"
+            f" {self.params.minimum_rows} needed)"
+        )
 
     def unit(self, s: SeriesArrays) -> np.ndarray:
         """The scale of every step of `s`: fitted series keep their training scale; a new
@@ -198,6 +227,11 @@ class QuantileBoost(DirectForecaster):
     ) -> np.ndarray:
         scale = self.unit(s)[anchors]
         return s.y[anchors, None] + scale[:, None] * self.offsets(s, anchors, horizon, levels)
+
+
+def _duration(step: pd.Timedelta) -> str:
+    """A step as the trace formats count it ("10 min"), not as pandas prints it."""
+    return f"{step / pd.Timedelta(minutes=1):g} min"
 
 
 def _interp_rows(values: np.ndarray, at: np.ndarray, levels: np.ndarray) -> np.ndarray:

@@ -34,6 +34,8 @@ RegistryOption = Annotated[
     ),
 ]
 BENCH_MODELS = ("gpuscale", "lightgbm", "empirical", "persistence", "seasonal-naive")
+# A week of 10-minute steps: a trillion allocated its arrays first.
+HORIZON_CAP = 1008
 
 
 def register(app: typer.Typer, bench: typer.Typer) -> None:
@@ -91,7 +93,8 @@ def train_command(
     build(model)  # an unknown model fails before any work (and before the progress bar)
     sources = load_sources(traces or [], state_dir, split)
     console = Console(stderr=True)
-    with Progress(console=console, transient=True) as progress:
+    # Off a terminal a transient bar draws nothing but a blank line before any error.
+    with Progress(console=console, transient=True, disable=not console.is_terminal) as progress:
         task = progress.add_task(f"training {model}", total=None)
         record = train_and_register(
             ModelRegistry(registry),
@@ -127,11 +130,18 @@ def forecast_command(
         list[int] | None,
         typer.Option(
             "--horizon",
-            min=1,
-            max=1008,  # a week of 10-minute steps: a trillion allocated its arrays first
-            help="Steps (10 min) ahead, at most a week; repeat (default 1, 3, 18).",
+            help="Steps (10 min) ahead, at most those the model was trained for; repeat"
+            " (default 1, 3, 18).",
         ),
     ] = None,
+    extend_horizon: Annotated[
+        bool,
+        typer.Option(
+            "--extend-horizon",
+            help=f"Allow horizons beyond the model's trained ones (up to {HORIZON_CAP}, a"
+            " week), extrapolated from its longest, with a warning.",
+        ),
+    ] = False,
     quantiles: Annotated[
         list[float] | None,
         typer.Option("--quantile", help="Quantile levels; repeat (default 0.5, 0.9, 0.99)."),
@@ -148,7 +158,9 @@ def forecast_command(
     """Forecast demand quantiles from the end of the history with a registered model.
 
     Prints, for every series and horizon, the target time and the requested quantiles of
-    demand, each made from the history up to its last step. With --plot, also draws the
+    demand, each made from the history up to its last step. A horizon beyond the longest
+    the model was trained for is refused unless --extend-horizon asks for its
+    extrapolation (then a warning says so). With --plot, also draws the
     last --plot-days of actual demand against the model's rolling forecasts at the first
     horizon (median and quantile bands), and the forecast beyond the last step.
     """
@@ -157,15 +169,19 @@ def forecast_command(
     from predictor.foundation.errors import InputError
     from predictor.lifecycle.registry import ModelRegistry, parse_reference
     from predictor.lifecycle.training import load_sources, stepped_history
-    from predictor.models.forecast import quantile_column
+    from predictor.models.forecast import quantile_column, trained_horizon
 
     output_file(plot, "--plot")
-    steps = sorted(set(horizons or [1, 3, 18]))
+    asked = sorted(set(horizons or [1, 3, 18]))
     levels = tuple(sorted(set(quantiles or [0.5, 0.9, 0.99])))
     if any(not 0.0 < q < 1.0 for q in levels):
         raise InputError(f"quantiles must lie strictly between 0 and 1, got {list(levels)}")
     name, version = parse_reference(model)
     forecaster, record = ModelRegistry(registry).load(name, version)
+    label = f"{record.name} v{record.version}"
+    steps, warning = forecast_steps(asked, trained_horizon(forecaster), extend_horizon, label)
+    if warning is not None:
+        typer.echo(f"warning: {warning}", err=True)
     history = stepped_history(load_sources(traces or [], state_dir))
     future = forecaster.forecast(history, steps, levels)
     rows = [
@@ -208,6 +224,33 @@ def forecast_command(
             *(f"{r[f'q{q:g}']:.2f}" for q in levels),
         )
     table_console().print(table)
+
+
+def forecast_steps(
+    asked: list[int], trained: int | None, extend: bool, label: str
+) -> tuple[list[int], str | None]:
+    """The horizons to forecast and the warning to print for them, or an InputError.
+
+    Beyond the longest trained horizon a learned model extrapolates, which looks the same
+    on the table as a forecast it was trained for: so that is refused unless `extend`,
+    and said on stderr when it is asked for.
+    """
+    from predictor.foundation.errors import InputError
+
+    stray = [h for h in asked if not 1 <= h <= HORIZON_CAP]
+    if stray:
+        raise InputError(
+            f"--horizon must be 1 to {HORIZON_CAP} steps of 10 min (a week), got"
+            f" {', '.join(map(str, stray))}"
+        )
+    beyond = [h for h in asked if trained is not None and h > trained]
+    if not beyond:
+        return asked, None
+    listed = ", ".join(map(str, beyond))
+    said = f"{label} was trained for horizons up to {trained} steps, not {listed}"
+    if not extend:
+        raise InputError(f"{said} (--extend-horizon extrapolates them, with a warning)")
+    return asked, f"{said}: extrapolated from {trained} steps (--extend-horizon)"
 
 
 def bench_forecast(
