@@ -6,11 +6,13 @@ import numpy as np
 import pytest
 from placement_cluster import cluster, job, run
 
+from scaler.controller.config import DEFAULT_MIX, workload_mix
 from scaler.placement import (
     ClusterState,
     Job,
     NodeSpec,
     Placement,
+    Policy,
     Unschedulable,
     make_policy,
     place,
@@ -168,3 +170,79 @@ def test_bind_refuses_what_does_not_fit() -> None:
         state.bind(job("b", 1, gpus=1, share=600), 0, (0,))
     with pytest.raises(ValueError, match="already bound"):
         state.bind(job("a", 1), 0, ())
+
+
+# ---- price between equal fits ------------------------------------------------------------
+
+# The issue's case: an idle H100 node at $98.32 an hour beside an idle A100 node at $32.77.
+PRICED = (("h100", "H100", 98.32), ("a100", "A100", 32.77))
+SCORING = ("gpuscale", "fgd", "bestfit", "dotprod", "gpupacking", "gpuclustering")
+
+
+def priced_cluster(priced: bool = True) -> ClusterState:
+    return ClusterState.from_nodes(
+        [
+            NodeSpec(name, 96_000, 1_048_576, 8, model, price_per_hour=price if priced else None)
+            for name, model, price in PRICED
+        ]
+    )
+
+
+def scoring_policy(name: str) -> Policy:
+    """The policy as the service makes it, with its default job mix."""
+    return make_policy(name, mix=workload_mix(DEFAULT_MIX))
+
+
+def eight_gpus(job_id: str = "train", **extra: object) -> Job:
+    return Job(job_id, 64_000, 262_144, 8, 1000, **extra)  # type: ignore[arg-type]
+
+
+@pytest.mark.parametrize("name", SCORING)
+def test_an_unconstrained_job_takes_the_cheaper_gpu_between_equal_fits(name: str) -> None:
+    """Every scoring policy fits the 8-GPU job on either idle node equally well, and its
+    seeded order took the H100 node: priced, the A100 node at a third of the price."""
+    unpriced = place(priced_cluster(priced=False), eight_gpus(), scoring_policy(name))
+    assert isinstance(unpriced, Placement) and unpriced.node == "h100"
+    decision = place(priced_cluster(), eight_gpus(), scoring_policy(name))
+    assert isinstance(decision, Placement) and decision.node == "a100"
+    assert decision.explanation == (
+        "a100 (A100, $4.10 per GPU-hour): the cheapest GPU that can hold the job (H100 at"
+        f" $12.29 could too) and a best fit of the {name} policy, which gives equal fits to"
+        " the cheaper GPU"
+    )
+
+
+def test_a_job_that_asks_for_a_gpu_model_is_not_steered_by_price() -> None:
+    decision = place(
+        priced_cluster(), eight_gpus(gpu_models=frozenset({"H100", "A100"})), scoring_policy("fgd")
+    )
+    assert isinstance(decision, Placement) and decision.node == "h100"
+    assert decision.explanation == (
+        "h100 (H100, $12.29 per GPU-hour): the fgd policy's best fit; the job asks for A100,"
+        " H100, so price is not weighed"
+    )
+
+
+def test_a_better_fit_on_a_dearer_gpu_keeps_the_job() -> None:
+    """Half an H100 is in use, and paid for: the other half takes the next half-GPU job
+    rather than an idle A100 it would fragment."""
+    state = priced_cluster()
+    state.bind(Job("half", 4_000, 16_384, 1, 500), 0, (0,))
+    decision = place(state, Job("other-half", 4_000, 16_384, 1, 500), scoring_policy("gpuscale"))
+    assert isinstance(decision, Placement) and (decision.node, decision.gpus) == ("h100", (0,))
+    assert decision.explanation == (
+        "h100 (H100, $12.29 per GPU-hour): the gpuscale policy's best fit; it fits the job"
+        " better here than on the nodes of cheaper GPUs that could hold it (A100 at $4.10)"
+    )
+
+
+def test_a_node_of_unknown_price_is_not_steered_away_from() -> None:
+    """Only a known price is weighed: an unpriced node stays among the equal fits (here
+    first in the seeded order), as a node without topology labels does."""
+    specs = [
+        NodeSpec("h100", 96_000, 1_048_576, 8, "H100"),
+        NodeSpec("a100", 96_000, 1_048_576, 8, "A100", price_per_hour=32.77),
+    ]
+    decision = place(ClusterState.from_nodes(specs), eight_gpus(), scoring_policy("gpuscale"))
+    assert isinstance(decision, Placement) and decision.node == "h100"
+    assert decision.explanation == "h100 (H100): the gpuscale policy's best fit"

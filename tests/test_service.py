@@ -204,6 +204,35 @@ def test_fixed_nodes_carry_the_model_label_so_a_selector_finds_them(fixed: TestC
     assert fixed.post("/v1/placements", json=h100, headers=AUTH).status_code == 409
 
 
+def test_an_unconstrained_job_goes_to_the_cheaper_pool_with_its_reason(tmp_path: Path) -> None:
+    """The issue's case through the API: an 8-GPU job that names no GPU model went to the
+    idle H100 node ($98.32 an hour) beside an idle A100 node ($32.77) that could hold it.
+    Each node carries its pool's price (by its pool label); the answer says why. (Named
+    so that, unpriced, the seeded order takes the H100 node.)"""
+    h100 = pool("h100") | {"gpu_model": "H100", "price_per_hour": 98.32}
+    pools = [h100, pool("a100") | {"price_per_hour": 32.77}]
+    nodes = [
+        {"name": name, "pool": p["name"], "gpus": 8, "gpu_model": p["gpu_model"],
+         "cpu_milli": 96_000, "memory_mib": 1_048_576}
+        for name, p in zip(("gpu-1", "gpu-2"), pools, strict=True)
+    ]  # fmt: skip
+    config = live_config(tmp_path, placement={"nodes": nodes}).model_copy(
+        update={"pools": LiveConfig(state_dir="unused", pools=pools).pools}
+    )
+    body = {"id": "train", "num_gpu": 8, "cpu_milli": 64_000, "dry_run": True}
+    with TestClient(create_app(config)) as client:
+        cheap = client.post("/v1/placements", json=body, headers=AUTH).json()
+        asked = client.post("/v1/placements", json=body | {"gpu_models": ["H100"]}, headers=AUTH)
+    assert cheap["node"] == "gpu-2"
+    assert cheap["explanation"] == (
+        "gpu-2 (A100, $4.10 per GPU-hour): the cheapest GPU that can hold the job (H100 at"
+        " $12.29 could too) and a best fit of the gpuscale policy, which gives equal fits to"
+        " the cheaper GPU"
+    )
+    assert asked.json()["node"] == "gpu-1"
+    assert asked.json()["explanation"].endswith("the job asks for H100, so price is not weighed")
+
+
 def test_the_providers_nodes_are_their_pools_template_labelled_alike(tmp_path: Path) -> None:
     """Without a fixed list or Kubernetes, the simulated cloud's nodes (min size 2) are
     the pool's template, labelled with pool and model."""

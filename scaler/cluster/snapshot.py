@@ -8,8 +8,9 @@ so after a placement only the chosen node is recomputed.
 
 Beside the arrays, and only where nodes have them: MIG instances (`mig`, `mig_used`; a MIG
 job's `gpus` are indices into its node's `mig[n].instances`), the NVLink / NVSwitch
-domains of the GPUs (`gpu_domain`) and the rack of each node (`rack_id`, with the jobs
-bound per rack). A cluster without them carries None or empty tables and places as before.
+domains of the GPUs (`gpu_domain`), the rack of each node (`rack_id`, with the jobs
+bound per rack) and the price of its GPUs (`gpu_price`). A cluster without them carries
+None or empty tables and places as before.
 """
 
 from __future__ import annotations
@@ -40,7 +41,8 @@ class NodeSpec:
 
     `gpus` are whole GPUs; `mig` the MIG instances of its partitioned GPUs (the GPU
     operator's "mixed" strategy), numbered apart from them. `gpu_domains` groups the whole
-    GPUs' indices into NVLink / NVSwitch domains (none: unknown); `rack` names its rack.
+    GPUs' indices into NVLink / NVSwitch domains (none: unknown); `rack` names its rack;
+    `price_per_hour` is what its pool pays for it (None: unknown).
     """
 
     name: str
@@ -54,6 +56,7 @@ class NodeSpec:
     mig: MigLayout | None = None
     gpu_domains: tuple[tuple[int, ...], ...] = ()
     rack: str | None = None
+    price_per_hour: float | None = None
 
     def __post_init__(self) -> None:
         if not 0 <= self.gpus <= MAX_NODE_GPUS:
@@ -125,6 +128,9 @@ class ClusterState:
     racks: list[str] = field(default_factory=list)
     rack_id: np.ndarray | None = None
     rack_jobs: np.ndarray | None = None  # jobs bound per rack
+    # gpu_price[n]: price of one of node n's GPUs for an hour (NaN: unknown, or no GPUs);
+    # None: no node has a price. Never changes, so copies share it.
+    gpu_price: np.ndarray | None = None
 
     @classmethod
     def from_nodes(cls, nodes: Sequence[NodeSpec]) -> ClusterState:
@@ -167,6 +173,7 @@ class ClusterState:
             racks=racks,
             rack_id=np.array([rack_index.get(n.rack, -1) for n in nodes]) if racks else None,
             rack_jobs=np.zeros(len(racks), dtype=np.int64) if racks else None,
+            gpu_price=_gpu_prices(nodes),
         )
         state.mig_used = {i: np.zeros(len(m.instances), dtype=bool) for i, m in state.mig.items()}
         return state
@@ -370,6 +377,18 @@ class ClusterState:
             shape = 0 if job.is_sharing else min(job.num_gpu, MAX_SHAPE)
             self.shape_counts[n, shape] -= sign
         self.version[n] += 1
+
+
+def _gpu_prices(nodes: Sequence[NodeSpec]) -> np.ndarray | None:
+    """Price per GPU-hour of every node (NaN where unknown); None when no node has one."""
+    if all(n.price_per_hour is None or n.gpus == 0 for n in nodes):
+        return None
+    return np.array(
+        [
+            n.price_per_hour / n.gpus if n.price_per_hour is not None and n.gpus else np.nan
+            for n in nodes
+        ]
+    )
 
 
 def _domains(nodes: Sequence[NodeSpec], width: int) -> np.ndarray | None:

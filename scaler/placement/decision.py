@@ -9,7 +9,8 @@ from dataclasses import dataclass
 class Placement:
     """Run job `job_id` on node `node` (index `node_index`) using GPU indices `gpus`.
 
-    `evict` lists the jobs that must be removed first (preemption), cheapest set found.
+    `evict` lists the jobs that must be removed first (preemption), cheapest set found;
+    `explanation` says in words why this node (the engine's `place` writes it).
     """
 
     job_id: str
@@ -18,6 +19,7 @@ class Placement:
     gpus: tuple[int, ...]
     policy: str
     evict: tuple[str, ...] = ()
+    explanation: str = ""
 
 
 @dataclass(frozen=True, slots=True)

@@ -5,12 +5,13 @@ share or MIG instances, node selector, taints, spread, cordon) and steers away f
 draining nodes while others fit; then, where nodes say so, a multi-GPU job toward nodes
 that hold it within one NVLink / NVSwitch domain, and every job toward racks already in
 use, so whole domains and racks stay free for the large jobs (a node or rack without
-topology labels is never steered away from). `choose` picks among them: the policy, or
-for a MIG job the slice fragmentation (`scaler.placement.mig`); `place` is both. The
-kube-scheduler extender ranks with the same `candidates`, so its top node is `place`'s.
-Neither changes the state: the caller commits a placement with `ClusterState.bind` (see
-`commit`). When nothing fits, the answer says which constraint ruled the nodes out, so an
-operator can act on it.
+topology labels is never steered away from). `choose` picks among them: the policy (which
+breaks its ties by GPU price first, `scaler.placement.price`), or for a MIG job the slice
+fragmentation (`scaler.placement.mig`); `place` is both, and its placement says in words
+why that node (`Placement.explanation`). The kube-scheduler extender ranks with the same
+`candidates`, so its top node is `place`'s. Neither changes the state: the caller commits
+a placement with `ClusterState.bind` (see `commit`). When nothing fits, the answer says
+which constraint ruled the nodes out, so an operator can act on it.
 """
 
 from __future__ import annotations
@@ -23,6 +24,7 @@ from scaler.cluster.snapshot import ClusterState
 from scaler.placement.decision import Placement, Unschedulable
 from scaler.placement.mig import choose_instances
 from scaler.placement.policies.base import Choice, Policy
+from scaler.placement.price import explain_choice
 
 
 def candidates(state: ClusterState, job: Job, among: np.ndarray | None = None) -> np.ndarray:
@@ -66,7 +68,8 @@ def place(
     if nodes.size == 0:
         return Unschedulable(job.id, explain(state, job))
     node, gpus = choose(state, job, nodes, policy)
-    return Placement(job.id, state.names[node], node, gpus, policy.name)
+    why = explain_choice(state, job, node, nodes, policy)
+    return Placement(job.id, state.names[node], node, gpus, policy.name, explanation=why)
 
 
 def commit(state: ClusterState, job: Job, placement: Placement, now_s: float = 0.0) -> None:

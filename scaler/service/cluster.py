@@ -6,9 +6,11 @@ loop's snapshot of the registered nodes, cordoned and draining ones marked, with
 bound to them on the GPU indices our bind recorded), else from the provider's nodes with
 their pool's template. Fixed and template nodes carry the pool and GPU model labels a
 Kubernetes node carries, so a job selecting either by label is placed on them as the
-extender places it. Nodes the scheduler sends that the source did not list are learned
-until the next listing. Jobs the service placed itself (`POST /v1/placements`, extender
-binds not yet seen on a pod) are kept and bound again whenever the state is rebuilt.
+extender places it; a node whose pool label names a configured pool carries its price,
+which the engine weighs between equal fits. Nodes the scheduler sends that the source
+did not list are learned until the next listing. Jobs the service placed itself (`POST
+/v1/placements`, extender binds not yet seen on a pod) are kept and bound again whenever
+the state is rebuilt.
 
 One lock guards it all: the engine's state is not thread-safe, and calls come from the
 event loop and from the thread pool (a re-listing of the sources, the extender's bind, the
@@ -26,7 +28,7 @@ from dataclasses import dataclass
 from kubernetes import client as k8s
 
 from scaler.cluster.mig import MigInstance, layout_of
-from scaler.cluster.templates import template_node
+from scaler.cluster.templates import template_node, with_pool_price
 from scaler.cluster.topology import parse_gpu_domains
 from scaler.controller.config import kube_names, workload_mix
 from scaler.controller.system import LiveSystem
@@ -296,7 +298,11 @@ class LiveCluster:
         # By name: the policies break ties by node index, so the same nodes must give the
         # same state however their source listed them (config order, API server order, the
         # scheduler's node list arriving later).
-        state = ClusterState.from_nodes(sorted(specs.values(), key=lambda s: s.name))
+        prices = {pool.name: pool.price_per_hour for pool in self.system.config.pools}
+        nodes = sorted(specs.values(), key=lambda s: s.name)
+        state = ClusterState.from_nodes(
+            [with_pool_price(spec, prices, self.pool_label) for spec in nodes]
+        )
         index = {name: i for i, name in enumerate(state.names)}
         state.set_draining(index[name] for name in self._draining if name in index)
         for bound in (*self._observed.values(), *self._placed.values()):

@@ -174,6 +174,10 @@ class PlacementResponse(BaseModel):
     )
     policy: str
     evict: list[str] = Field(description="jobs to evict first (preemption)")
+    explanation: str = Field(
+        description="why this node: its GPU and price, and how it compares with the other"
+        " GPUs that could hold the job (empty where the engine did not choose the node)"
+    )
     committed: bool
 
     @classmethod
@@ -191,6 +195,7 @@ class PlacementResponse(BaseModel):
             ],
             policy=decided.policy,
             evict=list(decided.evict),
+            explanation=decided.explanation,
             committed=committed,
         )
 

@@ -4,12 +4,14 @@ A policy receives the nodes that can hold the job (the engine has already checke
 memory, GPU model, GPU count, labels, taints, spread and drain) and returns the node and
 the GPU indices to use. Policies never change the state.
 
-Ties are broken as the paper's artifact does: the first best node in a node order fixed
-by the policy seed (the artifact shuffles node names once per run and its scheduler keeps
-the first maximum). This matters: spreading tied jobs uniformly instead (stock
-kube-scheduler) scatters CPU-only jobs over every node and costs the GPU-only baselines
-and FGD 2 to 5 points. The random policy's draws come from a hash of the seed and the job
-id, so every decision is a pure function of state and job and a run is reproducible.
+Ties are broken by GPU price first, where the job leaves its GPU model to us and nodes say
+their pool's price (`scaler.placement.price`), then as the paper's artifact does: the first
+best node in a node order fixed by the policy seed (the artifact shuffles node names once
+per run and its scheduler keeps the first maximum). This matters: spreading tied jobs
+uniformly instead (stock kube-scheduler) scatters CPU-only jobs over every node and costs
+the GPU-only baselines and FGD 2 to 5 points. The random policy's draws come from a hash
+of the seed and the job id, so every decision is a pure function of state and job and a
+run is reproducible.
 """
 
 from __future__ import annotations
@@ -25,6 +27,7 @@ import numpy as np
 from scaler.cluster.job import WHOLE_GPU_MILLI, Job
 from scaler.cluster.snapshot import ClusterState
 from scaler.placement.copy_on_write import CopyOnWrite
+from scaler.placement.price import cheapest
 
 Choice = tuple[int, tuple[int, ...]]
 # (scores, GPU index or -1) of each given node for a job; must depend on that node alone,
@@ -61,6 +64,8 @@ class Policy(ABC):
     """Chooses a node and GPUs for a job among nodes that can hold it."""
 
     name: ClassVar[str]
+    # Whether its ties go to the cheaper GPU (`tie_break`); the random baseline has none.
+    weighs_price: ClassVar[bool] = True
 
     def __init__(self, seed: int = 0) -> None:
         self.seed = seed
@@ -145,10 +150,18 @@ class Policy(ABC):
             order = self._orders[size] = np.random.default_rng(self.seed).permutation(size)
         return order
 
-    def pick_best(self, state: ClusterState, nodes: np.ndarray, scores: np.ndarray) -> int:
-        """The node with the highest score; ties go to the first in the seeded order."""
-        best = nodes[scores == scores.max()]
-        return int(best[np.argmin(self.rank(state.size)[best])])
+    def pick_best(
+        self, state: ClusterState, job: Job, nodes: np.ndarray, scores: np.ndarray
+    ) -> int:
+        """The node with the highest score; ties as `tie_break` breaks them."""
+        return self.tie_break(state, job, nodes[scores == scores.max()])
+
+    def tie_break(self, state: ClusterState, job: Job, tied: np.ndarray) -> int:
+        """The node of `tied` (non-empty; nodes the policy fits `job` on equally well)
+        that takes the job: of those at the cheapest GPU price (`price.cheapest`), the
+        first in the seeded order."""
+        tied = cheapest(state, job, tied)
+        return int(tied[np.argmin(self.rank(state.size)[tied])])
 
 
 def node_states(state: ClusterState, nodes: np.ndarray) -> list[NodeState]:

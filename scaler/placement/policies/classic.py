@@ -28,6 +28,7 @@ MAX_SCORE = 100
 
 class RandomPolicy(Policy):
     name = "random"
+    weighs_price = False
 
     def choose(self, state: ClusterState, job: Job, nodes: np.ndarray) -> Choice:
         node = int(nodes[self.draw(job, nodes.size)])
@@ -44,7 +45,7 @@ class BestFit(Policy):
         cpu_left = (state.cpu_free[nodes] - job.cpu_milli) / MAX_SPEC_CPU * 0.5
         gpu_left = (state.gpu_free[nodes].sum(axis=1) - job.gpu_request_milli) / MAX_SPEC_GPU
         score = np.floor((1.0 - (cpu_left + gpu_left * 0.5)) * MAX_SCORE)
-        node = self.pick_best(state, nodes, score)
+        node = self.pick_best(state, job, nodes, score)
         return node, best_fit_gpus(state, job, node)
 
 
@@ -56,7 +57,7 @@ class DotProduct(Policy):
             state.gpu_free[nodes].sum(axis=1) / MAX_SPEC_GPU
         ) * (job.gpu_request_milli / MAX_SPEC_GPU)
         score = np.floor(MAX_SCORE * (1.0 - dot / 2))
-        node = self.pick_best(state, nodes, score)
+        node = self.pick_best(state, job, nodes, score)
         return node, best_fit_gpus(state, job, node)
 
 
@@ -65,7 +66,7 @@ class GpuPacking(Policy):
 
     def choose(self, state: ClusterState, job: Job, nodes: np.ndarray) -> Choice:
         if job.num_gpu == 0:
-            return self.pick_best(state, nodes, np.zeros(nodes.size)), ()
+            return self.pick_best(state, job, nodes, np.zeros(nodes.size)), ()
         idle = state.full_free[nodes]
         all_idle = idle == state.gpu_count[nodes]
         if job.is_sharing:
@@ -77,7 +78,7 @@ class GpuPacking(Policy):
         else:
             score = np.full(nodes.size, max(50 - job.num_gpu, 33))
         score = np.where(all_idle, np.maximum(33 - idle, idle), score)
-        node = self.pick_best(state, nodes, score)
+        node = self.pick_best(state, job, nodes, score)
         return node, best_fit_gpus(state, job, node)
 
 
@@ -86,12 +87,12 @@ class GpuClustering(Policy):
 
     def choose(self, state: ClusterState, job: Job, nodes: np.ndarray) -> Choice:
         if job.num_gpu == 0:
-            return self.pick_best(state, nodes, np.zeros(nodes.size)), ()
+            return self.pick_best(state, job, nodes, np.zeros(nodes.size)), ()
         shapes = state.shape_counts[nodes]
         same = shapes[:, 0 if job.is_sharing else min(job.num_gpu, shapes.shape[1] - 1)] > 0
         kinds = (shapes > 0).sum(axis=1)
         left = state.gpu_free[nodes].sum(axis=1)
         tier = np.where(same, np.where(kinds == 1, 75, 50), np.where(kinds == 0, 25, 0))
         score = 25 * (MAX_SPEC_GPU - left) // MAX_SPEC_GPU + tier
-        node = self.pick_best(state, nodes, score)
+        node = self.pick_best(state, job, nodes, score)
         return node, best_fit_gpus(state, job, node)

@@ -29,7 +29,7 @@ class FGD(Policy):
 
     def choose(self, state: ClusterState, job: Job, nodes: np.ndarray) -> Choice:
         score, gpu = self.node_scores(state, job, nodes, self._score_nodes)
-        node = self.pick_best(state, nodes, score)
+        node = self.pick_best(state, job, nodes, score)
         if job.is_sharing:
             return node, (int(gpu[np.flatnonzero(nodes == node)[0]]),)
         return node, idle_gpus(state, job, node)

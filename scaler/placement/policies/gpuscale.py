@@ -29,7 +29,8 @@ GPUs: it makes 320 jobs take the 350 a 650 left or an idle GPU rather than a 470
 keeps the 50-160 jobs for the 190s of the 810 jobs. FGD's term, at a third of its weight,
 still keeps whole nodes for multi-GPU jobs and GPU models for the jobs that need them.
 
-Near-ties (within `TOLERANCE` thousandths of a GPU) go to the first node in a seeded fixed
+Near-ties (within `TOLERANCE` thousandths of a GPU) go to the cheapest GPU where the job
+leaves the model to us (`scaler.placement.price`), then to the first node in a seeded fixed
 order, which packs instead of scattering. All terms are node-local, so scores are cached
 per job shape and node version like FGD's, and a decision costs a few node evaluations and
 a table lookup; the leftover table is computed once per mix (0.2-0.7 s of CPU).
@@ -86,10 +87,9 @@ class GpuScale(Policy):
     def choose(self, state: ClusterState, job: Job, nodes: np.ndarray) -> Choice:
         score, gpu = self.node_scores(state, job, nodes, self._score_nodes)
         near = (score <= score.min() + TOLERANCE).nonzero()[0]
-        pick = near[np.argmin(self.rank(state.size)[nodes[near]])]
-        node = int(nodes[pick])
+        node = self.tie_break(state, job, nodes[near])
         if job.is_sharing:
-            return node, (int(gpu[pick]),)
+            return node, (int(gpu[near[nodes[near] == node][0]]),)
         return node, idle_gpus(state, job, node)
 
     def needs(self, models: list[str]) -> tuple[np.ndarray, np.ndarray]:
