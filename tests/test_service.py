@@ -278,11 +278,82 @@ def test_invalid_placements_get_422_naming_the_field(
 
 def test_malformed_and_oversized_bodies_are_refused_with_4xx(fixed: TestClient) -> None:
     headers = AUTH | {"Content-Type": "application/json"}
-    assert fixed.post("/v1/placements", content=b"{nope", headers=headers).status_code == 422
+    assert fixed.post("/v1/placements", content=b"{nope", headers=headers).status_code == 400
     assert fixed.post("/v1/placements", content=b"[1, 2]", headers=headers).status_code == 422
     huge = {"id": "h", "gpu_models": ["A100"] * 20_000}
     assert fixed.post("/v1/placements", json=huge, headers=AUTH).status_code == 413
     assert fixed.post("/v1/extender/filter", json={"Pod": {"x": "y" * 100_000}}).status_code == 413
+
+
+JSON_BODY = {"Content-Type": "application/json"}
+
+
+@pytest.mark.parametrize("path", ["/v1/placements", "/v1/extender/filter"])
+def test_a_body_that_is_not_json_gets_the_documented_400(fixed: TestClient, path: str) -> None:
+    """Invalid JSON got FastAPI's 422 though the OpenAPI document promises 400 for a body
+    that is not JSON (as bodies that are not UTF-8, or nested too deep, already got)."""
+    assert "400" in fixed.get("/openapi.json").json()["paths"][path]["post"]["responses"]
+    answer = fixed.post(path, content=b"{nope", headers=AUTH | JSON_BODY)
+    assert answer.status_code == 400
+    assert answer.json() == {
+        "detail": "the body is not JSON: Expecting property name enclosed in double quotes"
+        " at character 1"
+    }
+    not_utf8 = fixed.post(path, content=b'{"id": "\xff"}', headers=AUTH | JSON_BODY)
+    assert not_utf8.status_code == 400 and isinstance(not_utf8.json()["detail"], str)
+
+
+def test_a_body_over_the_limit_gets_413_in_json(fixed: TestClient) -> None:
+    """The 413 was Starlette's plain text `Content Too Large`, where every other error is
+    JSON; declared up front or found while a chunked body is read, it is JSON now."""
+    expected = {"detail": "the body is larger than service.max_body_bytes (65536 bytes)"}
+    huge = {"id": "h", "gpu_models": ["A100"] * 20_000}
+    declared = fixed.post("/v1/placements", json=huge, headers=AUTH)
+    chunks = (b"x" * 1024 for _ in range(100))  # no Content-Length: sent chunked
+    streamed = fixed.post("/v1/placements", content=chunks, headers=AUTH | JSON_BODY)
+    for answer in (declared, streamed):
+        assert answer.status_code == 413, answer.text
+        assert answer.headers["content-type"] == "application/json"
+        assert answer.json() == expected
+
+
+@pytest.mark.parametrize(
+    ("content_type", "reason"),
+    [
+        ("text/plain", "not text/plain"),
+        ("application/x-www-form-urlencoded", "not application/x-www-form-urlencoded"),
+        (None, "and it came without one"),
+    ],
+)
+def test_a_body_not_sent_as_json_gets_415(
+    fixed: TestClient, content_type: str | None, reason: str
+) -> None:
+    """A `text/plain` body got 422 "Input should be a valid dictionary", naming no cause."""
+    headers = AUTH | ({"Content-Type": content_type} if content_type else {})
+    body = json.dumps({"id": "j", "num_gpu": 1}).encode()
+    for path in ("/v1/placements", "/v1/extender/filter"):
+        answer = fixed.post(path, content=body, headers=headers)
+        assert answer.status_code == 415, answer.text
+        assert answer.json() == {
+            "detail": f"the body must be JSON sent as Content-Type: application/json, {reason}"
+        }
+
+
+def test_json_content_types_with_parameters_or_a_suffix_are_json(fixed: TestClient) -> None:
+    body = json.dumps({"id": "j", "num_gpu": 1, "dry_run": True}).encode()
+    for content_type in ("application/json; charset=utf-8", "application/vnd.api+json"):
+        headers = AUTH | {"Content-Type": content_type}
+        assert fixed.post("/v1/placements", content=body, headers=headers).status_code == 201
+
+
+def test_a_404_quotes_a_long_id_truncated(fixed: TestClient) -> None:
+    """A 404 echoed a 5,000-character id back whole; it quotes as much as an id can be
+    (253 characters, a Kubernetes name) and says how long it was."""
+    answer = fixed.delete("/v1/placements/" + "x" * 5000, headers=AUTH)
+    assert answer.status_code == 404
+    assert answer.json() == {"detail": f"no placed job {'x' * 253!r}... (5000 characters)"}
+    short = fixed.delete("/v1/placements/gone", headers=AUTH)
+    assert short.json() == {"detail": "no placed job 'gone'"}
 
 
 # ---------------------------------------------------------------------- forecasts and plan

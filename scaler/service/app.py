@@ -1,12 +1,17 @@
 """The FastAPI application: placement, the kube-scheduler extender, forecasts and the plan.
 
 `create_app(config)` wires the parts (the live system of the reconcile loop, the placement
-state, the extender, the plan desk) into routers. Bad input is always a 4xx naming the
-offending field; a failing dependency (the cloud, the API server) is a 503 with its
-reason; bodies above `service.max_body_bytes` are refused with 413 before any route runs.
+state, the extender, the plan desk) into routers. Bad input is always a 4xx with a JSON
+body: a body that is not JSON 400, one not declared JSON 415 and one above
+`service.max_body_bytes` 413 (`bodies`, before any route runs), other invalid input 422
+naming the offending field; a failing dependency (the cloud, the API server) is a 503
+with its reason.
 """
 
 from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from typing import Any
 
 from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
@@ -17,11 +22,13 @@ from scaler.controller.config import LiveConfig
 from scaler.controller.system import LiveSystem
 from scaler.kube.errors import KubeError
 from scaler.providers.base import ProviderError
+from scaler.service.bodies import BodyRules
 from scaler.service.cluster import LiveCluster
 from scaler.service.context import ServiceContext
 from scaler.service.extender import Extender
 from scaler.service.listing import SharedListing
 from scaler.service.metrics import ServiceMetrics
+from scaler.service.models import Refused
 from scaler.service.planning import PlanDesk
 from scaler.service.request_metrics import RequestMetrics
 from scaler.service.routers import extender, health, outlook, placements
@@ -57,11 +64,14 @@ def create_app(config: LiveConfig, system: LiveSystem | None = None) -> FastAPI:
         title="gpuscale",
         version="0.1.0",
         description=DESCRIPTION,
-        max_body_size=config.service.max_body_bytes,
         # Answers any route can give, declared so clients (and schemathesis) know them.
         responses={
-            400: {"description": "the body is not JSON"},
-            413: {"description": "the body is larger than service.max_body_bytes"},
+            400: {"model": Refused, "description": "the body is not JSON"},
+            413: {
+                "model": Refused,
+                "description": "the body is larger than service.max_body_bytes",
+            },
+            415: {"model": Refused, "description": "the body is not sent as application/json"},
             503: {"description": "the cloud provider or the Kubernetes API cannot be reached"},
         },
     )
@@ -77,10 +87,15 @@ def create_app(config: LiveConfig, system: LiveSystem | None = None) -> FastAPI:
     for router in (placements.router, extender.router, outlook.router, health.router):
         app.include_router(router)
 
+    # Added first, so it runs inside the metrics: refused bodies are counted too.
+    app.add_middleware(BodyRules, max_bytes=config.service.max_body_bytes)
     app.add_middleware(RequestMetrics, metrics=metrics)
 
     @app.exception_handler(RequestValidationError)
     async def invalid_request(request: Request, exc: RequestValidationError) -> JSONResponse:
+        not_json = not_json_reason(exc.errors())
+        if not_json is not None:  # as FastAPI answers a body it cannot decode at all
+            return JSONResponse({"detail": not_json}, status_code=400)
         # The offending input is not echoed: it may be a secret, or a value JSON cannot
         # carry (a body of `Infinity` made the default handler fail with a 500).
         errors = [{k: e[k] for k in ("type", "loc", "msg") if k in e} for e in exc.errors()]
@@ -98,3 +113,15 @@ def create_app(config: LiveConfig, system: LiveSystem | None = None) -> FastAPI:
         return JSONResponse({"detail": str(exc)}, status_code=503)
 
     return app
+
+
+def not_json_reason(errors: Sequence[Mapping[str, Any]]) -> str | None:
+    """What is wrong with a body that does not parse as JSON (FastAPI reports it as a
+    validation error, a 422, where the document promises 400), or None."""
+    for error in errors:
+        if error.get("type") == "json_invalid":
+            where = tuple(error.get("loc", ()))[-1:]
+            at = f" at character {where[0]}" if where and isinstance(where[0], int) else ""
+            cause = (error.get("ctx") or {}).get("error") or error.get("msg", "")
+            return f"the body is not JSON: {cause}{at}"
+    return None

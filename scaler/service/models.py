@@ -200,6 +200,12 @@ class PlacementResponse(BaseModel):
         )
 
 
+class Refused(BaseModel):
+    """A refusal's body: why, in words (400, 401, 404, 413, 415)."""
+
+    detail: str
+
+
 class Unplaceable(BaseModel):
     job_id: str
     reason: str

@@ -7,12 +7,26 @@ from fastapi import APIRouter, HTTPException, status
 from scaler.placement import Placement
 from scaler.service.context import Authorized, Context, on_engine
 from scaler.service.models import (
+    MAX_NAME,
     JobRequest,
     PlacementResponse,
     ReleaseResponse,
     Unplaceable,
     UnplaceableAnswer,
 )
+
+# The most of a client's id an error message quotes back: an id the service could have
+# placed is at most MAX_NAME long, and a 5,000-character one was echoed whole.
+ECHO_LIMIT = MAX_NAME
+
+
+def echoed(text: str, limit: int = ECHO_LIMIT) -> str:
+    """`text` quoted as an error message quotes a client's input: whole up to `limit`
+    characters, else its start and how long it was."""
+    if len(text) <= limit:
+        return repr(text)
+    return f"{text[:limit]!r}... ({len(text)} characters)"
+
 
 router = APIRouter(
     prefix="/v1/placements",
@@ -60,5 +74,5 @@ async def delete_placement(job_id: str, ctx: Context) -> ReleaseResponse:
     """Release a job's node and GPUs (it finished or was moved)."""
     released = await on_engine(ctx.cluster, lambda: ctx.cluster.release(job_id))
     if released is None:
-        raise HTTPException(status.HTTP_404_NOT_FOUND, f"no placed job {job_id!r}")
+        raise HTTPException(status.HTTP_404_NOT_FOUND, f"no placed job {echoed(job_id)}")
     return ReleaseResponse(job_id=job_id, node=released.node, gpus=list(released.gpus or ()))
