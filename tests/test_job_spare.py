@@ -4,6 +4,7 @@ simulator's predictive mode holding the planner's spare on top of reactive deman
 
 from __future__ import annotations
 
+from dataclasses import replace
 from datetime import datetime, timedelta
 
 import numpy as np
@@ -18,6 +19,7 @@ from scaler.planning.job_spare import (
     BUCKETS,
     GroupSpare,
     NodeRequests,
+    ScheduledNodes,
     SpareReplay,
     choose_spares,
     hour_bucket,
@@ -109,6 +111,50 @@ def test_the_spare_asked_for_now_is_the_one_the_hour_a_boot_later_needs() -> Non
     quiet = MONDAY + timedelta(hours=13, minutes=45)
     assert choose_spares(groups, 0.7, quiet).nodes == {"busy": 0}
     assert choose_spares(groups, 0.7, quiet + timedelta(minutes=10)).nodes == {"busy": 4}
+
+
+def test_the_spare_follows_the_request_forecast_where_one_is_given() -> None:
+    # The same history, two forecasts of the hour ahead: a burst (five times the week's
+    # rate) buys spare at night that the seasonal table would not; a lull holds none in
+    # the afternoon, where the table holds the gang's four nodes.
+    busy = history(6)
+    mean = float(busy.requested.sum() / busy.hours.sum())
+    afternoon, night = MONDAY + timedelta(hours=15), MONDAY + timedelta(hours=3)
+
+    def spare(at: datetime, rate: float | None, rates: str = "forecast") -> int:
+        group = GroupSpare(busy, 8, 10.0, 32, rate_ahead=rate)
+        return choose_spares({"busy": group}, 0.5, at, rates).nodes["busy"]
+
+    assert spare(night, None) == 0 and spare(afternoon, None) == 4  # the table
+    assert spare(night, 5 * mean) == 4  # a burst under way: spare at night too
+    assert spare(afternoon, 0.01 * mean) == 0  # a lull: none
+    assert spare(night, 5 * mean) != spare(night, 0.01 * mean)
+    # `seasonal` ignores the forecast; `flat` ignores the hour too (the week's mean rate).
+    assert spare(night, 5 * mean, "seasonal") == 0
+    assert spare(night, None, "flat") == spare(afternoon, None, "flat")
+
+
+def test_the_planner_holds_the_nodes_of_scheduled_runs_due_within_a_boot() -> None:
+    pool = gpu_pool(max_size=20)
+    policy = PlannerPolicy(job_wait_share=0.5, tuning_min_steps=6)
+    memory = None
+    for step in range(12):
+        at = MONDAY + timedelta(minutes=10 * step)
+        fleet = FleetCapacity(at, (PoolCapacity("gpu", 2),))
+        last = plan([outlook(NodeRequests())], fleet, [pool], policy, memory)
+        memory = last.memory
+    assert last.needs[0].spare_nodes == 0  # nothing was ever requested
+    at = MONDAY + timedelta(hours=2)
+    fleet = FleetCapacity(at, (PoolCapacity("gpu", 2),))
+    # A gang of four fires in 15 minutes (boot 10 + a 10-minute step: within the window),
+    # another in 45 (not yet).
+    due = replace(outlook(NodeRequests()), scheduled=ScheduledNodes((15.0, 45.0), (4, 3)))
+    planned = plan([due], fleet, [pool], policy, memory)
+    assert planned.needs[0].spare_nodes == 4
+    assert "4 node(s) for scheduled jobs due within a boot" in planned.needs[0].reason
+    assert ScheduledNodes((15.0, 45.0), (4, 3)).due(60) == 7
+    with pytest.raises(ValueError, match="one time per run"):
+        ScheduledNodes((1.0,), ())
 
 
 def test_nothing_requested_holds_no_spare() -> None:

@@ -183,7 +183,7 @@ def test_a_scheduled_run_names_a_known_pool_and_a_cron_expression() -> None:
         WorkloadConfig.model_validate(bad_pool)
     bad_cron = {**bad_pool, "scheduled": [{**bad_pool["scheduled"][0], "pool": "a100",
                                            "cron": "every night"}]}  # fmt: skip
-    with pytest.raises(ValueError, match="5-field cron"):
+    with pytest.raises(ValueError, match="cron: "):
         WorkloadConfig.model_validate(bad_cron)
     ragged = {**bad_pool, "scheduled": [{**bad_pool["scheduled"][0], "pool": "a100",
                                          "gpus": 12}]}  # fmt: skip

@@ -27,12 +27,12 @@ from typing import Annotated, Literal
 
 import numpy as np
 import pandas as pd
-from croniter import croniter
 from pydantic import BaseModel, ConfigDict, Field, TypeAdapter, ValidationError, model_validator
 
 from predictor.data.loaders import DemandTrace
 from predictor.foundation.config_files import FieldError, load_model
 from predictor.foundation.errors import InputError
+from predictor.telemetry.cron import CronSchedule, ScheduleError, parse_schedule
 from scaler.cluster.pools import NodePool
 
 DEFAULT_CONFIG_NAME = "synthetic_default.yaml"
@@ -113,7 +113,7 @@ class ScheduledConfig(BaseModel):
     """Jobs a CronJob starts: one run of `gpus` GPUs (a gang of whole nodes where more than
     a node holds) in `pool` at every time the 5-field cron expression `cron` names (the
     workload's clock, UTC), each running `duration_minutes`. Their times are known ahead,
-    as the loop reads a CronJob's schedule."""
+    as the loop reads a CronJob's schedule (Kubernetes' cron dialect, `telemetry.cron`)."""
 
     model_config = ConfigDict(extra="forbid", allow_inf_nan=False)
 
@@ -127,9 +127,14 @@ class ScheduledConfig(BaseModel):
 
     @model_validator(mode="after")
     def _cron(self) -> ScheduledConfig:
-        if not croniter.is_valid(self.cron) or len(self.cron.split()) != 5:
-            raise ValueError(f"cron {self.cron!r} is not a 5-field cron expression")
+        self.schedule()  # read as the CronJob controller reads spec.schedule, or refused
         return self
+
+    def schedule(self) -> CronSchedule:
+        try:
+            return parse_schedule(self.cron)
+        except ScheduleError as exc:
+            raise ValueError(f"cron: {exc.reason}") from None
 
 
 class WorkloadConfig(BaseModel):
@@ -381,10 +386,12 @@ def _scheduled_jobs(
     run: ScheduledConfig, pool: NodePool, start: pd.Timestamp, warmup: int, minutes: int
 ) -> pd.DataFrame:
     """One job at every time the run's cron names in [start - warmup, start + minutes)."""
-    fire = croniter(run.cron, (start - pd.Timedelta(minutes=warmup + 1)).to_pydatetime())
-    times = []
-    while (at := pd.Timestamp(fire.get_next(datetime))) < start + pd.Timedelta(minutes=minutes):
-        times.append(int((at - start) / pd.Timedelta(minutes=1)))
+    first = (start - pd.Timedelta(minutes=warmup + 1)).to_pydatetime()
+    last = (start + pd.Timedelta(minutes=minutes - 1)).to_pydatetime()
+    times = [
+        int((pd.Timestamp(at).tz_localize(None) - start) / pd.Timedelta(minutes=1))
+        for at in run.schedule().fire_times(first, last, limit=10**7)
+    ]
     n = len(times)
     per_gpu_cpu = np.full(n, pool.cpu_milli_per_node / pool.gpus_per_node)
     per_gpu_mem = np.full(n, pool.memory_mib_per_node / pool.gpus_per_node)
