@@ -67,7 +67,9 @@ class RequestHistory:
     _cumulative: list[float] = field(default_factory=lambda: [0.0])
 
     @classmethod
-    def of(cls, start: datetime, requested: Sequence[float], pending: Sequence[float]):
+    def of(
+        cls, start: datetime, requested: Sequence[float], pending: Sequence[float]
+    ) -> RequestHistory:
         history = cls(start)
         for r, p in zip(requested, pending, strict=True):
             history.append(r, p)

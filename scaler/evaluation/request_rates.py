@@ -30,19 +30,15 @@ from predictor.models.requests import (
 )
 
 
-def request_histories(
-    fleet: pd.DataFrame, start: datetime, pools: Mapping[str, object] | None = None
-) -> dict[str, RequestHistory]:
+def request_histories(fleet: pd.DataFrame, start: datetime) -> dict[str, RequestHistory]:
     """Per pool the request and queue series (`requested_gpus`, `pending_gpus`) of a job
     simulation's `fleet`, minute by minute from `start`."""
-    out = {}
-    for pool, rows in fleet.sort_values("ds").groupby("pool"):
-        if pools is not None and pool not in pools:
-            continue
-        out[str(pool)] = RequestHistory.of(
+    return {
+        str(pool): RequestHistory.of(
             start, rows["requested_gpus"].to_numpy(), rows["pending_gpus"].to_numpy()
         )
-    return out
+        for pool, rows in fleet.sort_values("ds").groupby("pool")
+    }
 
 
 @dataclass
