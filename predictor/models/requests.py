@@ -11,8 +11,9 @@ rate), a queue building (GPUs pending now).
 `RequestForecaster` learns that: one LightGBM booster with a Poisson objective (requests
 are counts of whole-node GPUs) on every pool at once, features and target divided by the
 pool's mean request rate, so an 8-GPU A100 pool and a 4-GPU T4 pool are one population and
-a pool never seen is forecast from its own rate. It is kept only where its backtest beats
-the seasonal table (`RequestBacktest.better`); else the planner keeps the table.
+a pool never seen is forecast from its own rate. It serves a pool only where its backtest
+beat the seasonal table there (`RequestBacktest.serves`); elsewhere the planner keeps the
+table.
 
 Inputs are per-minute series per pool (`RequestHistory`): GPUs requested (rises of the
 pool's node demand times its GPUs per node, a gang all at once) and GPUs pending. Nothing
@@ -37,8 +38,8 @@ DAY_MINUTES = 24 * 60
 WEEK_MINUTES = 7 * DAY_MINUTES
 HORIZON_MINUTES = 60  # the hour a spare asked for now serves, from a boot ahead on
 HOURS_PER_DAY = 24
-BUCKETS = 2 * HOURS_PER_DAY  # hour of the day, weekday or weekend (as `job_spare`)
-PRIOR_HOURS = 6.0  # an hour seen on one day only is shrunk toward the mean (as `job_spare`)
+BUCKETS = 2 * HOURS_PER_DAY  # hour of the day, weekday or weekend
+PRIOR_HOURS = 6.0  # hours at the mean an hour's rate is shrunk with: one day is not its word
 STEP_MINUTES = 10  # training anchors every demand step
 FEATURES = (
     *(f"rate_{w}m" for w in WINDOWS),
@@ -53,6 +54,8 @@ SEASONAL = FEATURES.index("seasonal")
 
 
 def hour_bucket(at: datetime) -> int:
+    """The hour-of-week bucket of `at`: its hour, plus 24 on Saturdays and Sundays (the
+    seasonal table's and the planner's replay's alike)."""
     return at.hour + (HOURS_PER_DAY if at.weekday() >= 5 else 0)
 
 
@@ -176,11 +179,11 @@ def causal_tables(history: RequestHistory) -> Callable[[int], SeasonalRequestTab
 
 def _rows(
     pools: Mapping[str, tuple[RequestHistory, float]], first: int, last: int
-) -> tuple[np.ndarray, np.ndarray, np.ndarray, list[str]]:
+) -> tuple[np.ndarray, np.ndarray, list[str]]:
     """Anchors every step in [first, last), from a day of history on (the table needs
     one), whose target hour lies inside the history; each row's rates are divided by the
     mean rate of the table as it stood then."""
-    x, y, seasonal, names = [], [], [], []
+    x, y, names = [], [], []
     for name, (history, ahead) in pools.items():
         table_at = causal_tables(history)
         end = min(last, len(history) - round(ahead) - HORIZON_MINUTES + 1)
@@ -188,12 +191,10 @@ def _rows(
             table = table_at(minute)
             if table.mean <= 0:
                 continue
-            row = features(history, minute, ahead, table)
-            x.append(row)
+            x.append(features(history, minute, ahead, table))
             y.append(target(history, minute, ahead) / table.mean)
-            seasonal.append(row[SEASONAL])
             names.append(name)
-    return np.asarray(x), np.asarray(y), np.asarray(seasonal), names
+    return np.asarray(x), np.asarray(y), names
 
 
 def poisson_deviance(actual: np.ndarray, predicted: np.ndarray) -> float:
@@ -256,24 +257,27 @@ class RequestForecaster:
         params = params or RequestParams()
         length = min(len(h) for h, _ in pools.values())
         cut = round(length * (1 - holdout))
-        x, y, _, _ = _rows(pools, 0, cut)
+        x, y, _ = _rows(pools, 0, cut)
         if len(y) < params.min_rows:
             raise InputError(
                 f"the request forecast needs at least {params.min_rows} anchors of history"
                 f" after its first day ({params.min_rows * STEP_MINUTES / 60:.0f} hours of"
                 f" pool history); got {len(y)}"
             )
-        held_x, held_y, held_seasonal, held_names = _rows(pools, cut, length)
+        held_x, held_y, held_names = _rows(pools, cut, length)
         backtest = None
         if len(held_y):
             predicted = _predict(_booster(x, y, params), held_x)
             names = np.asarray(held_names)
             backtest = RequestBacktest(
                 {n: poisson_deviance(held_y[names == n], predicted[names == n]) for n in pools},
-                {n: poisson_deviance(held_y[names == n], held_seasonal[names == n]) for n in pools},
+                {
+                    n: poisson_deviance(held_y[names == n], held_x[names == n, SEASONAL])
+                    for n in pools
+                },
                 len(held_y),
             )
-        all_x, all_y, _, _ = _rows(pools, 0, length)
+        all_x, all_y, _ = _rows(pools, 0, length)
         return cls(_booster(all_x, all_y, params), params, backtest)
 
     def predict(

@@ -27,6 +27,8 @@ from scaler.cluster.job import WHOLE_GPU_MILLI
 from scaler.cluster.pools import NodePool
 from scaler.evaluation.job_simulator import (
     DEFAULT_QUEUE,
+    HEADROOM_MODES,
+    PREDICTIVE_MODES,
     WARMUP,
     JobMode,
     JobSimResult,
@@ -133,7 +135,7 @@ def _rates(stream: _Stream, mode: JobMode) -> RequestRates | None:
 
 def _simulate(stream: _Stream, run: JobRun) -> JobSimResult:
     policy = stream.policy
-    predictive = run.mode in _RATE_MODEL
+    predictive = run.mode in PREDICTIVE_MODES
     if predictive:
         if run.knob is not None:
             policy = policy.with_knob(job_wait_share=run.knob)
@@ -151,7 +153,7 @@ def _simulate(stream: _Stream, run: JobRun) -> JobSimResult:
         stream.levels,
         stream.cloud,
         stream.queue,
-        spare=spare if run.mode in ("headroom", "headroom-tuned") else 0,
+        spare=spare if run.mode in HEADROOM_MODES else 0,
         rates=_rates(stream, run.mode) if predictive else None,
         scheduled=stream.scheduled if run.mode in _TOLD_OF_SCHEDULED else (),
     )
@@ -284,8 +286,8 @@ def compare_on_workload(
     tried = [JobRun("reactive"), *(JobRun("headroom", k) for k in HEADROOM_NODES)]
     results = _run_pairs([*runs, *((tuning, r) for r in tried if tuned_headroom)], workers)
     if tuned_headroom:
-        results, week = results[: len(runs)], results[len(runs) :]
-        results += _run_all(stream, tuned_settings(week, TUNED_POINTS), workers)
+        results, on_week = results[: len(runs)], results[len(runs) :]
+        results += _run_all(stream, tuned_settings(on_week, TUNED_POINTS), workers)
     return WorkloadComparison(
         tuple(results), start, end, {p.name: p.gpus_per_node for p in pools}, model
     )

@@ -430,8 +430,8 @@ def _tasks(
             duration=max(1, math.ceil(length + min(first, 0.0))),
             submit=max(float(first), 0.0),
             priority=int(prio),
+            scheduled=bool(known),
         )
-        task.scheduled = bool(known)
         out.append(task)
     return out
 
@@ -447,6 +447,7 @@ def _task(
     duration: int,
     submit: float,
     priority: int = 0,
+    scheduled: bool = False,
 ) -> _Task:
     """A job of `pool` as engine jobs: it asks for the pool's GPU model (as a pod selecting
     it by label does); more GPUs than a node has make a gang of whole-node members, which
@@ -471,7 +472,7 @@ def _task(
     problem = members[0].problem()
     if problem:
         raise InputError(f"job {name}: {problem}")
-    return _Task(pool.name, members, asked, duration, submit)
+    return _Task(pool.name, members, asked, duration, submit, scheduled)
 
 
 def _placeholder(pool: NodePool, mix: WorkloadMix) -> Job:
@@ -968,7 +969,7 @@ def _scheduled_nodes(due: deque[ScheduledRun], pool: NodePool, minute: int) -> S
     """The runs of `pool` that fire within its boot and a step after `minute`: those the
     planner holds nodes for now (a CronJob's next run times are read ahead)."""
     window = pool.boot_seconds / 60 + STEP_MINUTES
-    soon = [r for r in itertools.takewhile(lambda r: r.minute <= minute + window, due)]
+    soon = itertools.takewhile(lambda r: r.minute <= minute + window, due)
     mine = [r for r in soon if r.pool == pool.name]
     return ScheduledNodes(tuple(r.minute - minute for r in mine), tuple(r.nodes for r in mine))
 

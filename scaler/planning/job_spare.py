@@ -44,18 +44,14 @@ from typing import Literal
 
 import numpy as np
 
+from predictor.models.requests import BUCKETS, PRIOR_HOURS, hour_bucket
+
 # Spare levels replayed: up to two of the largest gangs of the synthetic workload (8 nodes).
 LEVELS = 17
 HALF_LIFE_MINUTES = 7 * 24 * 60.0  # a week: every hour of the week seen, a drift forgotten
 # An hour's request rate is shrunk toward the week's mean as if this many hours at the
 # mean had been seen too: an hour seen on one day only is not taken at its word.
-RATE_PRIOR_HOURS = 6.0
-BUCKETS = 48  # hour of the day, weekday or weekend
-
-
-def hour_bucket(at: datetime) -> int:
-    """The hour-of-week bucket of `at`: its hour, plus 24 on Saturdays and Sundays."""
-    return at.hour + (24 if at.weekday() >= 5 else 0)
+RATE_PRIOR_HOURS = PRIOR_HOURS
 
 
 @dataclass(frozen=True, slots=True)
