@@ -178,13 +178,14 @@ def causal_tables(history: RequestHistory) -> Callable[[int], SeasonalRequestTab
 
 
 def _rows(
-    pools: Mapping[str, tuple[RequestHistory, float]], first: int, last: int
+    pools: Mapping[str, tuple[RequestHistory, float]], first: int, last: int, later: float = 0.0
 ) -> tuple[np.ndarray, np.ndarray, list[str]]:
     """Anchors every step in [first, last), from a day of history on (the table needs
-    one), whose target hour lies inside the history; each row's rates are divided by the
-    mean rate of the table as it stood then."""
+    one), whose target hour (a boot plus `later` minutes ahead) lies inside the history;
+    each row's rates are divided by the mean rate of the table as it stood then."""
     x, y, names = [], [], []
-    for name, (history, ahead) in pools.items():
+    for name, (history, boot) in pools.items():
+        ahead = boot + later
         table_at = causal_tables(history)
         end = min(last, len(history) - round(ahead) - HORIZON_MINUTES + 1)
         for minute in range(max(first, DAY_MINUTES), end, STEP_MINUTES):
@@ -194,7 +195,7 @@ def _rows(
             x.append(features(history, minute, ahead, table))
             y.append(target(history, minute, ahead) / table.mean)
             names.append(name)
-    return np.asarray(x), np.asarray(y), names
+    return np.asarray(x).reshape(len(y), len(FEATURES)), np.asarray(y), names
 
 
 def poisson_deviance(actual: np.ndarray, predicted: np.ndarray) -> float:
@@ -236,13 +237,36 @@ class RequestBacktest:
         }
 
 
+def seasonal_deviance(
+    pools: Mapping[str, tuple[RequestHistory, float]], first: int, last: int, later: float = 0.0
+) -> dict[str, float]:
+    """Per pool the seasonal table's Poisson deviance on the anchors in [first, last), for
+    the hour starting a boot plus `later` minutes ahead (the baseline every model is judged
+    against)."""
+    x, y, names = _rows(pools, first, last, later)
+    return _per_pool(y, x[:, SEASONAL] if len(y) else y, names, pools)
+
+
+def _per_pool(
+    actual: np.ndarray, predicted: np.ndarray, names: list[str], pools: Mapping[str, object]
+) -> dict[str, float]:
+    tags = np.asarray(names)
+    return {
+        n: poisson_deviance(actual[tags == n], predicted[tags == n])
+        for n in pools
+        if (tags == n).any()
+    }
+
+
 @dataclass(frozen=True)
 class RequestForecaster:
-    """The fitted request-rate model (see the module docstring)."""
+    """The fitted request-rate model (see the module docstring). `trained_until`: the end
+    of the history it was fitted on (a backtest after it is out of sample)."""
 
     booster: object
     params: RequestParams
     backtest: RequestBacktest | None = None
+    trained_until: datetime | None = None
 
     @classmethod
     def fit(
@@ -264,21 +288,26 @@ class RequestForecaster:
                 f" after its first day ({params.min_rows * STEP_MINUTES / 60:.0f} hours of"
                 f" pool history); got {len(y)}"
             )
-        held_x, held_y, held_names = _rows(pools, cut, length)
         backtest = None
-        if len(held_y):
-            predicted = _predict(_booster(x, y, params), held_x)
-            names = np.asarray(held_names)
-            backtest = RequestBacktest(
-                {n: poisson_deviance(held_y[names == n], predicted[names == n]) for n in pools},
-                {
-                    n: poisson_deviance(held_y[names == n], held_x[names == n, SEASONAL])
-                    for n in pools
-                },
-                len(held_y),
-            )
+        held = cls(_booster(x, y, params), params).deviance(pools, cut, length)
+        if held:
+            anchors = len(_rows(pools, cut, length)[1])
+            backtest = RequestBacktest(held, seasonal_deviance(pools, cut, length), anchors)
         all_x, all_y, _ = _rows(pools, 0, length)
-        return cls(_booster(all_x, all_y, params), params, backtest)
+        end = max(h.at(len(h)) for h, _ in pools.values())
+        return cls(_booster(all_x, all_y, params), params, backtest, end)
+
+    def deviance(
+        self,
+        pools: Mapping[str, tuple[RequestHistory, float]],
+        first: int,
+        last: int,
+        later: float = 0.0,
+    ) -> dict[str, float]:
+        """Per pool this model's Poisson deviance on the anchors in [first, last), for the
+        hour starting a boot plus `later` minutes ahead (as `seasonal_deviance`)."""
+        x, y, names = _rows(pools, first, last, later)
+        return _per_pool(y, _predict(self.booster, x) if len(y) else y, names, pools)
 
     def predict(
         self,

@@ -1,5 +1,5 @@
-"""CLI commands `retrain` and `models list | show | promote | rollback`: the model registry
-and backtest-gated retraining from the telemetry store."""
+"""CLI commands `retrain`, `retrain-requests` and `models list | show | promote | rollback`:
+the model registry and backtest-gated retraining from the telemetry store."""
 
 from __future__ import annotations
 
@@ -23,6 +23,7 @@ JsonOption = Annotated[bool, typer.Option("--json", help="Print as JSON.")]
 def register(app: typer.Typer, bench: typer.Typer) -> None:
     """Add this module's commands to the app and the bench group."""
     app.command("retrain")(retrain)
+    app.command("retrain-requests")(retrain_requests)
     models = typer.Typer(
         help="The model registry: list and inspect versions, promote one, roll back.",
         no_args_is_help=True,
@@ -158,6 +159,59 @@ def retrain(
             "" if outcome.current is None else f", served {outcome.current.per_horizon[h]:.4g}"
         )
         typer.echo(f"  h={h}: candidate {value:.4g}{current} ({plan.score_name})")
+
+
+def retrain_requests(
+    config: Annotated[
+        Path, typer.Option("--config", help="The scale config: its pools and state directory.")
+    ],
+    registry: Annotated[
+        Path | None,
+        typer.Option(
+            "--registry",
+            envvar="GPUSCALE_MODELS_DIR",
+            help="Model registry directory (default: the config's model.registry).",
+        ),
+    ] = None,
+    as_json: JsonOption = False,
+) -> None:
+    """Retrain the request-rate model (the GPUs jobs will ask of new nodes in the hour a
+    boot ahead, which sizes the job-level spare) on the store's last four weeks; promote it
+    only if it backtests better than both the seasonal table and the served model.
+
+    Both are judged by Poisson deviance on the held-out last quarter of the history (a
+    served model trained into it by its parameters refitted before it). Promoted, it is
+    stored as the next version of the config's model.requests name, which `gpuscale scale`
+    serves from its next start; otherwise under NAME.rejected. Exit status 0 either way.
+    """
+    from predictor.foundation.errors import InputError
+    from predictor.lifecycle.registry import ModelRegistry
+    from predictor.lifecycle.request_training import PoolShape
+    from predictor.lifecycle.request_training import retrain_requests as run_retrain
+    from predictor.telemetry.store import TelemetryStore
+    from scaler.controller.config import load_live_config
+
+    live = load_live_config(config)
+    root = registry or live.model.registry
+    if root is None:
+        raise InputError("no registry: pass --registry or set model.registry", path=config)
+    pools = {p.name: PoolShape(p.gpus_per_node, p.boot_seconds / 60) for p in live.pools}
+    outcome = run_retrain(
+        TelemetryStore.existing(live.state_dir), ModelRegistry(root), pools, live.model.requests
+    )
+    document = outcome.to_dict()
+    if as_json:
+        typer.echo(json.dumps(document, indent=2))
+        return
+    verdict = "PROMOTED" if outcome.promoted else "KEPT the served model"
+    typer.echo(f"{verdict}: {outcome.reason}")
+    typer.echo(f"candidate stored as {document['stored_as']}")
+    for pool, value in outcome.candidate.items():
+        served = "" if outcome.served is None else f", served {outcome.served.get(pool, 0):.4g}"
+        typer.echo(
+            f"  {pool}: candidate {value:.4g}, seasonal {outcome.seasonal[pool]:.4g}{served}"
+            " (Poisson deviance, the hour from a boot ahead)"
+        )
 
 
 def models_list(registry: RegistryOption = Path("models"), as_json: JsonOption = False) -> None:

@@ -304,6 +304,12 @@ class ModelSection(_Section):
     refit_s: float = Field(
         default=86400.0, gt=0, description="refit interval when fitting on the store's history"
     )
+    requests: str = Field(
+        default="requests",
+        min_length=1,
+        description="registry name of the request-rate model (`gpuscale retrain-requests`);"
+        " where the registry serves none, the planner keeps its seasonal table",
+    )
 
 
 class LeaseSection(_Section):

@@ -77,6 +77,7 @@ from scaler.controller.config import KubernetesSection, kube_names, mix_jobs, wo
 from scaler.controller.fleet import FleetNode, ObservedFleet, observe_fleet
 from scaler.controller.leader import LeaderElector, NotLeader
 from scaler.controller.removal_order import removal_order
+from scaler.controller.request_model import with_request_rates
 from scaler.controller.system import LiveSystem
 from scaler.kube.capacity_buffers import (
     BufferDemand,
@@ -286,6 +287,7 @@ class PassDecision:
                         "minutes_ago": list(o.requests.minutes_ago),
                         "nodes": list(o.requests.nodes),
                     },
+                    "request_rate": o.request_rate,
                     "scheduled": None
                     if o.scheduled is None
                     else {
@@ -785,6 +787,9 @@ class Reconciler:
             outlook = replace(
                 outlook, outlooks=with_requests(outlook.outlooks, requests, pools, now)
             )
+            if self.system.requests is not None:
+                rates = self.system.requests.rates(self.system.store, pools, now, step)
+                outlook = replace(outlook, outlooks=with_request_rates(outlook.outlooks, rates))
         scheduled_problem = None
         if kube is not None and self.system.kube is not None:
             scheduled, scheduled_problem = self._scheduled(now, pools, names)

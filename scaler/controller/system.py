@@ -19,6 +19,7 @@ from predictor.telemetry.kubernetes import api_client
 from predictor.telemetry.store import TelemetryStore
 from scaler.controller.config import KubernetesSection, LiveConfig, kube_names
 from scaler.controller.journal import DecisionJournal
+from scaler.controller.request_model import ServedRequestModel
 from scaler.kube.timeouts import with_timeout
 from scaler.planning.demand import ForecastModel
 from scaler.providers.autoscaler import AutoscaledCloud
@@ -119,6 +120,8 @@ class LiveSystem:
     store: TelemetryStore
     log: DecisionJournal
     model: ForecastModel
+    # The request-rate model (None: the planner keeps its seasonal table).
+    requests: ServedRequestModel | None = None
 
     @classmethod
     def build(cls, config: LiveConfig, source: Path | None = None) -> LiveSystem:
@@ -138,6 +141,7 @@ class LiveSystem:
             store=in_state_dir(config, TelemetryStore, source),
             log=in_state_dir(config, DecisionJournal, source),
             model=ForecastModel.from_settings(config.model),
+            requests=ServedRequestModel(config.model),
         )
 
     def close(self) -> None:
