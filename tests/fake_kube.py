@@ -39,7 +39,7 @@ import threading
 import uuid
 from collections import Counter
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from datetime import UTC, datetime
 from http import HTTPStatus
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
@@ -174,6 +174,7 @@ class Event:
     kind: ResourceKind
     type: str
     object: Obj
+    before: Obj | None = None  # a MODIFIED object as it was (selector transitions)
 
 
 def merge_patch(target: Any, patch: Any) -> Any:
@@ -511,9 +512,9 @@ class FakeKube:
                 return kind
         raise ApiError(404, "NotFound", f"the server could not find resource {plural!r}")
 
-    def _record(self, kind: ResourceKind, type_: str, obj: Obj) -> None:
+    def _record(self, kind: ResourceKind, type_: str, obj: Obj, before: Obj | None = None) -> None:
         rv = int(obj["metadata"]["resourceVersion"])
-        self._events.append(Event(rv, kind, type_, copy.deepcopy(obj)))
+        self._events.append(Event(rv, kind, type_, copy.deepcopy(obj), before))
         self._changed.notify_all()
         for react in self.on_write:
             react(type_, kind.plural, copy.deepcopy(obj))
@@ -611,7 +612,7 @@ class FakeKube:
         obj["apiVersion"] = kind.api_version
         meta["resourceVersion"] = self._next_rv()
         self._objects[key] = obj
-        self._record(kind, "MODIFIED", obj)
+        self._record(kind, "MODIFIED", obj, current)
         return copy.deepcopy(obj)
 
     def delete(self, plural: str, name: str, namespace: str = "") -> Obj:
@@ -735,12 +736,12 @@ class FakeKube:
 
             def collect() -> bool:
                 found.extend(
-                    e
+                    seen
                     for e in self._events
                     if e.resource_version > since
                     and e.kind == kind
                     and (namespace is None or e.object["metadata"].get("namespace") == namespace)
-                    and selector_matches(e.object, labels, fields)
+                    and (seen := _as_selected(e, labels, fields)) is not None
                 )
                 return bool(found) or self._closing or generation != self._generation
 
@@ -748,6 +749,21 @@ class FakeKube:
             if self._closing or generation != self._generation:
                 return None
             return found
+
+
+def _as_selected(event: Event, labels: str, fields: str) -> Event | None:
+    """`event` as a watch with these selectors sees it, as the API server sends it: a
+    change that takes an object out of the selection is DELETED, one that brings it in
+    ADDED (a pod that finishes leaves a watch of unfinished pods)."""
+    now = selector_matches(event.object, labels, fields)
+    if event.type != "MODIFIED" or event.before is None:
+        return event if now else None
+    was = selector_matches(event.before, labels, fields)
+    if now and was:
+        return event
+    if now or was:
+        return replace(event, type="ADDED" if now else "DELETED")
+    return None
 
 
 # The RBAC verb of each HTTP method on one object (a GET of a collection lists or watches).

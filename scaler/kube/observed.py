@@ -31,8 +31,9 @@ scale-down check, the placeholder sizing) reads this one snapshot.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
+from typing import Any
 
 from kubernetes import client as k8s
 
@@ -100,6 +101,9 @@ class ObservedCluster:
     queued_pools: Mapping[str, str | None] = field(default_factory=dict)  # job -> pool
     queued_gpus: Mapping[str | None, float] = field(default_factory=dict)  # per pool
     budgets: SystemBudgets = NO_BUDGETS  # kube-system's PodDisruptionBudgets
+    # The CronJobs (JSON form) where the snapshot's source watches them; None: list them
+    cron_jobs: tuple[Mapping[str, Any], ...] | None = None
+    stale: str | None = None  # why the view may be out of date (a watch down): no scale-down
 
     @property
     def real_pending(self) -> tuple[Job, ...]:
@@ -113,111 +117,125 @@ def observed_cluster(
     budgets: SystemBudgets = NO_BUDGETS,
 ) -> ObservedCluster:
     """The snapshot of `nodes` (each with its provider's name), `pods` and kube-system's
-    `budgets` (see the module docstring)."""
-    facts = {f.name: (f, cloud) for f, cloud in nodes}
-    live = [p for p in pods if not p.finished]
+    `budgets` (see the module docstring). Nodes are in name order and pending jobs in id
+    order, as the API server lists them, whatever order they are given in (a watched
+    cache's snapshot is the same as a fresh list's)."""
+    facts = {f.name: (f, cloud) for f, cloud in sorted(nodes, key=lambda fc: fc[0].name)}
+    live = sorted((p for p in pods if not p.finished), key=lambda p: p.id)
     overhead: dict[str, tuple[int, int]] = {}
     for pod in live:
         if pod.node in facts and pod.goes_with_node:
             cpu, mem = overhead.get(pod.node, (0, 0))
             overhead[pod.node] = (cpu + pod.cpu_milli, mem + pod.memory_mib)
-    specs: dict[str, NodeSpec] = {}
-    for name, (node, _) in facts.items():
-        spec = spec_of(node)
-        cpu, mem = overhead.get(name, (0, 0))
-        specs[name] = replace(
-            spec, cpu_milli=max(spec.cpu_milli - cpu, 0), memory_mib=max(spec.memory_mib - mem, 0)
-        )
+    specs = {name: offered(node, overhead.get(name, (0, 0))) for name, (node, _) in facts.items()}
     taints = frozenset(t for s in specs.values() for t in s.taints)
-    node_taints = _taints(facts)
+    node_taints = taints_of(node for node, _ in facts.values())
 
-    movable: dict[str, list[PodRequest]] = {}
-    gpu_pods: dict[str, int] = {}
-    used: dict[str, float] = {}
-    bound: list[tuple[PodRequest, Job]] = []
+    on_node: dict[str, list[tuple[PodRequest, Job]]] = {}
     pending: list[Job] = []
-    pending_pools: dict[str, str | None] = {}
-    pending_gpus: dict[str | None, float] = {}
     for pod in live:
         if pod.goes_with_node:
             continue
         job = job_of(pod, names, node_taints)
         if pod.node is None:
             pending.append(job)
-            pending_pools[job.id] = pod.wanted_pool
-            if not pod.placeholder:
-                wanted = pod.wanted_pool
-                pending_gpus[wanted] = pending_gpus.get(wanted, 0.0) + pod.gpu_demand
-            continue
-        if pod.node not in facts:
-            continue  # bound to a node that has not registered (or has gone)
-        bound.append((pod, job))
-        if not pod.placeholder:
-            movable.setdefault(pod.node, []).append(pod)
-            if pod.gpus or pod.mig:
-                gpu_pods[pod.node] = gpu_pods.get(pod.node, 0) + 1
-                used[pod.node] = used.get(pod.node, 0.0) + pod.gpu_demand
+        elif pod.node in facts:  # else bound to a node that has not registered (or has gone)
+            on_node.setdefault(pod.node, []).append((pod, job))
+    by_id = {p.id: p for p in live if p.node is None and not p.goes_with_node}
+    pending_pods = {j.id: by_id[j.id] for j in pending}
 
     observed = {
-        name: ObservedNode(
-            name=name,
-            cloud_name=cloud,
-            pool=node.pool,
-            cordoned=node.unschedulable,
-            draining=names.removal_annotation in node.annotations,
-            gpu_pods=gpu_pods.get(name, 0),
-            gpus_used=used.get(name, 0.0),
-            evicted=tuple(sorted(movable.get(name, ()), key=lambda p: p.id)),
-        )
+        name: observed_node(node, cloud, [p for p, _ in on_node.get(name, ())], names)
         for name, (node, cloud) in facts.items()
     }
     state = None
     unbound: dict[str, str] = {}
+    bound_pods: dict[str, PodRequest] = {}
     if specs:
         state = ClusterState.from_nodes(list(specs.values()))
         state.set_draining(i for i, n in enumerate(state.names) if observed[n].draining)
-        unbound = _bind(state, bound)
-    in_state = {} if state is None else state.jobs
+        for n, name in enumerate(state.names):
+            pairs = on_node.get(name, [])
+            unbound.update(bind_on_node(state, n, pairs))
+            bound_pods.update((j.id, p) for p, j in pairs if j.id in state.jobs)
     moves = {name: tuple(read_moves(node.annotations, names)) for name, (node, _) in facts.items()}
     return ObservedCluster(
         state=state,
         nodes=observed,
         specs=specs,
         pending=tuple(pending),
-        pending_pools=pending_pools,
-        pending_gpus=pending_gpus,
+        pending_pools={j.id: pending_pods[j.id].wanted_pool for j in pending},
+        pending_gpus=pending_gpus(pending_pods.values()),
         unbound=unbound,
         taints=taints,
-        bound_pods={job.id: pod for pod, job in bound if job.id in in_state},
+        bound_pods=bound_pods,
         moves={name: found for name, found in moves.items() if found},
         budgets=budgets,
     )
 
 
-def _taints(facts: Mapping[str, tuple[NodeFacts, str]]) -> list[Taint]:
+def offered(node: NodeFacts, overhead: tuple[int, int]) -> NodeSpec:
+    """What `node` offers beside its DaemonSet and mirror pods' (cpu, memory)."""
+    spec = spec_of(node)
+    cpu, mem = overhead
+    return replace(
+        spec, cpu_milli=max(spec.cpu_milli - cpu, 0), memory_mib=max(spec.memory_mib - mem, 0)
+    )
+
+
+def pending_gpus(pods: Iterable[PodRequest]) -> dict[str | None, float]:
+    """The GPUs the real pending pods wait for, per pool wanted."""
+    out: dict[str | None, float] = {}
+    for pod in pods:
+        if not pod.placeholder:
+            out[pod.wanted_pool] = out.get(pod.wanted_pool, 0.0) + pod.gpu_demand
+    return out
+
+
+def observed_node(
+    node: NodeFacts, cloud: str, bound: Iterable[PodRequest], names: KubeNames
+) -> ObservedNode:
+    """`node` with the pods bound to it (DaemonSet and mirror pods aside)."""
+    real = sorted((p for p in bound if not p.placeholder), key=lambda p: p.id)
+    holding = [p for p in real if p.gpus or p.mig]
+    return ObservedNode(
+        name=node.name,
+        cloud_name=cloud,
+        pool=node.pool,
+        cordoned=node.unschedulable,
+        draining=names.removal_annotation in node.annotations,
+        gpu_pods=len(holding),
+        gpus_used=sum((p.gpu_demand for p in holding), 0.0),
+        evicted=tuple(real),
+    )
+
+
+def taints_of(nodes: Iterable[NodeFacts]) -> list[Taint]:
     """Every node's taints, so each job's tolerations are matched against them."""
     seen: dict[str, Taint] = {}
-    for node, _ in facts.values():
+    for node in nodes:
         for taint in node.taints:
             seen[taint.text] = taint
-    return list(seen.values())
+    return [seen[text] for text in sorted(seen)]
 
 
-def _bind(state: ClusterState, bound: Sequence[tuple[PodRequest, Job]]) -> dict[str, str]:
-    """Bind every bound pod's job into `state`: recorded GPU indices first, then best fit;
-    a job that does not fit (more than the node offers, a stale index) is left out, why."""
-    index = {name: i for i, name in enumerate(state.names)}
+def bind_on_node(
+    state: ClusterState, n: int, bound: Sequence[tuple[PodRequest, Job]]
+) -> dict[str, str]:
+    """Bind the jobs of the pods bound to node `n` into `state`: those whose recorded GPU
+    indices are readable first, then best fit, each group in id order (so a node's binding
+    depends on its own pods only, however they were listed); a job that does not fit (more
+    than the node offers, a stale index) is left out, why."""
     unbound: dict[str, str] = {}
 
     def recorded(pod: PodRequest, job: Job) -> bool:
         held = job.mig_count if job.mig_profile is not None else job.num_gpu  # MIG: instances
         return pod.gpu_indices is not None and len(pod.gpu_indices) == held
 
-    ordered = sorted(bound, key=lambda pj: not recorded(*pj))
+    ordered = sorted(bound, key=lambda pj: (not recorded(*pj), pj[1].id))
     for pod, job in ordered:
         if job.id in state.jobs:
             continue
-        n = index[pod.node or ""]
         gpus = pod.gpu_indices if recorded(pod, job) else None
         try:
             state.bind(job, n, gpus if gpus is not None else best_fit_gpus(state, job, n))
