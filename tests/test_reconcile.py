@@ -107,7 +107,7 @@ def test_sizes_are_set_so_a_repeated_pass_launches_nothing_more(tmp_path: Path) 
     assert target(r) == 5
     again = reconciler(cfg, r.system).iterate(apply=True)  # a restarted process, same cloud
     assert again.actions == [] and target(r) == 5
-    launched = [e for e in r.system.provider.cloud.events if e.kind == "launched"]
+    launched = [e for e in r.system.provider.events if e.kind == "launched"]
     assert len(launched) == 5
     # Both passes planned from the memory at the start of the same demand step.
     state = DecisionJournal(cfg.state_dir).load("planner")
@@ -130,14 +130,17 @@ def test_an_interrupted_scale_up_is_settled_not_repeated(tmp_path: Path, point: 
     log = DecisionJournal(cfg.state_dir)
     assert [a.status for a in log.actions()] == ["pending"]
 
-    outcome = reconciler(cfg, system).iterate(apply=True)
+    # A new process: the simulated cloud is read back from the state directory.
+    restarted = LiveSystem.build(cfg)
+    outcome = reconciler(cfg, restarted).iterate(apply=True)
     statuses = [(a["action"], a["status"]) for a in outcome.actions]
     if point == "journaled":
         assert statuses == [("resolve set_target", "superseded"), ("set_target", "done")]
     else:
         assert statuses == [("resolve set_target", "done")]
-    assert target(reconciler(cfg, system)) == 5
-    assert sum(e.kind == "launched" for e in system.provider.cloud.events) == 5
+    assert target(reconciler(cfg, restarted)) == 5
+    launched = [e for s in (system, restarted) for e in s.provider.events if e.kind == "launched"]
+    assert len(launched) == 5
     assert log.pending() == []
 
 
@@ -207,7 +210,7 @@ def test_a_target_the_cloud_could_not_fulfil_is_lowered_once_demand_falls(
     (lowered,) = [a for a in system.log.actions() if a.kind == "lower_target"]
     assert (lowered.params, lowered.status) == ({"from": 5, "to": to}, "done")
 
-    cloud = system.provider.cloud
+    cloud = system.provider
     launched = sum(e.kind == "launched" for e in cloud.events)
     cloud.reconfigure(capacity={})  # capacity returns: only what the plan wants comes
     assert sum(e.kind == "launched" for e in cloud.events) == launched + wanted - 3 + removed

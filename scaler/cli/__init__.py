@@ -11,7 +11,18 @@ import sys
 import typer
 
 from predictor.foundation.errors import InputError
-from scaler.cli import data, defrag, demo, forecasting, live, models, placing, scaling, telemetry
+from scaler.cli import (
+    data,
+    defrag,
+    demo,
+    forecasting,
+    journal,
+    live,
+    models,
+    placing,
+    scaling,
+    telemetry,
+)
 from scaler.cli.output import prose
 
 app = typer.Typer(
@@ -27,7 +38,7 @@ bench = typer.Typer(
 )
 app.add_typer(bench, name="bench")
 
-for module in (data, forecasting, scaling, placing, live, defrag, demo, telemetry, models):
+for module in (data, forecasting, scaling, placing, live, journal, defrag, demo, telemetry, models):
     module.register(app, bench)
 
 

@@ -1,8 +1,10 @@
 """CLI commands of the live system: `scale` (the reconcile loop) and `serve` (the service).
 
-Crash tests: with GPUSCALE_PAUSE_AT=journaled (or acted), `scale --apply` stops for good
-right after journaling an action (or after carrying it out, before completing its journal
-entry) and leaves the file `<state_dir>/paused-at-<point>`, so a test can kill it there.
+Crash tests: with GPUSCALE_PAUSE_AT=journaled (or acted, or cordoned), `scale --apply`
+stops for good right after journaling an action (or after carrying it out, before
+completing its journal entry; or after cordoning the nodes it removes, before draining and
+deleting them) and leaves the file `<state_dir>/paused-at-<point>`, so a test can kill it
+there.
 """
 
 from __future__ import annotations

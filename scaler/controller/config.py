@@ -70,11 +70,15 @@ class _Section(BaseModel):
 
 
 class SimulatedProvider(SimulatedCloudConfig):
-    """The simulated cloud, for trying the loop without a cloud account. It lives in the
-    process: its nodes start over when the process does."""
+    """The simulated cloud, for trying the loop without a cloud account. It is kept in the
+    state directory (`simulated-cloud.json`), so it outlives the process as a cloud does:
+    `scale` and `serve` on one config share it, and a restart finds the nodes where they
+    were. Delete the file to start over at `initial_sizes`."""
 
     initial_sizes: dict[str, int] = Field(
-        default_factory=dict, description="ready nodes per pool at start (default: min_size)"
+        default_factory=dict,
+        description="ready nodes per pool when the state directory holds no simulated cloud"
+        " yet (default: min_size)",
     )
 
 

@@ -22,7 +22,7 @@ import json
 import pickle  # nosec B403
 import sqlite3
 import time
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Literal
@@ -73,6 +73,8 @@ class Action:
     params: dict[str, Any]
     status: str
     result: str | None = None
+    started_ns: int | None = None
+    finished_ns: int | None = None
 
 
 @dataclass(frozen=True)
@@ -105,18 +107,41 @@ class DecisionJournal:
         inputs: Mapping[str, Any],
         plan: Mapping[str, Any],
         state: Mapping[str, Any] | None = None,
+        mark: str | None = None,
+        outcome: Mapping[str, Any] | None = None,
     ) -> int:
         """Store a decision (before acting on it) and, in the same transaction, the loop
-        state it leads to; returns its id."""
+        state it leads to, the decision's id under the state key `mark` (so whoever
+        started it finds it again after a kill) and, for a decision nothing acts on, its
+        `outcome`; returns its id."""
         with self._db.transaction() as conn:
             cursor = conn.execute(
-                "INSERT INTO decisions (at, identity, applied, inputs, plan)"
-                " VALUES (?, ?, ?, ?, ?)",
-                (time.time_ns(), identity, int(applied), _json(inputs), _json(plan)),
+                "INSERT INTO decisions (at, identity, applied, inputs, plan, outcome)"
+                " VALUES (?, ?, ?, ?, ?, ?)",
+                (
+                    time.time_ns(),
+                    identity,
+                    int(applied),
+                    _json(inputs),
+                    _json(plan),
+                    None if outcome is None else _json(outcome),
+                ),
             )
+            decision_id = int(cursor.lastrowid)
             for key, value in (state or {}).items():
                 _put(conn, key, value)
-            return int(cursor.lastrowid)
+            if mark is not None:
+                _put(conn, mark, decision_id)
+            return decision_id
+
+    def decision(self, decision_id: int) -> JournalEntry | None:
+        with self._db.connect() as conn:
+            row = conn.execute(
+                "SELECT id, at, identity, applied, inputs, plan, outcome FROM decisions"
+                " WHERE id = ?",
+                (decision_id,),
+            ).fetchone()
+        return None if row is None else _entry(row)
 
     def finish(self, decision_id: int, outcome: Mapping[str, Any]) -> None:
         with self._db.transaction() as conn:
@@ -124,30 +149,27 @@ class DecisionJournal:
                 "UPDATE decisions SET outcome = ? WHERE id = ?", (_json(outcome), decision_id)
             )
 
-    def decisions(self, limit: int | None = None) -> list[JournalEntry]:
-        """Newest first."""
-        sql = (
-            "SELECT id, at, identity, applied, inputs, plan, outcome FROM decisions"
-            " ORDER BY id DESC"
-        )
-        args: tuple[int, ...] = ()
+    def decisions(
+        self, limit: int | None = None, since_ns: int | None = None, open_only: bool = False
+    ) -> list[JournalEntry]:
+        """Newest first; those made at or after `since_ns`; with `open_only`, those without
+        an outcome."""
+        where, args = [], []
+        if since_ns is not None:
+            where.append("at >= ?")
+            args.append(since_ns)
+        if open_only:
+            where.append("outcome IS NULL")
+        sql = "SELECT id, at, identity, applied, inputs, plan, outcome FROM decisions"
+        if where:
+            sql += " WHERE " + " AND ".join(where)
+        sql += " ORDER BY id DESC"
         if limit is not None:
             sql += " LIMIT ?"
-            args = (limit,)
+            args.append(limit)
         with self._db.connect() as conn:
             rows = conn.execute(sql, args).fetchall()
-        return [
-            JournalEntry(
-                id=r[0],
-                at_ns=r[1],
-                identity=r[2],
-                applied=bool(r[3]),
-                inputs=json.loads(r[4]),
-                plan=json.loads(r[5]),
-                outcome=None if r[6] is None else json.loads(r[6]),
-            )
-            for r in rows
-        ]
+        return [_entry(r) for r in rows]
 
     # ---- the action journal --------------------------------------------------------------
     def begin(
@@ -172,15 +194,34 @@ class DecisionJournal:
     def pending(self) -> list[Action]:
         return self.actions(status="pending")
 
-    def actions(self, status: str | None = None) -> list[Action]:
-        sql = "SELECT id, decision_id, pool, kind, target, params, status, result FROM actions"
-        args: tuple[str, ...] = ()
+    def actions(
+        self,
+        status: str | None = None,
+        decision_ids: Sequence[int] | None = None,
+        since_ns: int | None = None,
+    ) -> list[Action]:
+        """Oldest first; those of `status`, of the decisions `decision_ids`, started at or
+        after `since_ns`."""
+        where: list[str] = []
+        args: list[object] = []
         if status is not None:
-            sql += " WHERE status = ?"
-            args = (status,)
+            where.append("status = ?")
+            args.append(status)
+        if decision_ids is not None:
+            where.append(f"decision_id IN ({', '.join('?' * len(decision_ids))})")
+            args.extend(decision_ids)
+        if since_ns is not None:
+            where.append("started >= ?")
+            args.append(since_ns)
+        sql = (
+            "SELECT id, decision_id, pool, kind, target, params, status, result, started,"
+            " finished FROM actions"
+        )
+        if where:
+            sql += " WHERE " + " AND ".join(where)
         with self._db.connect() as conn:
             rows = conn.execute(sql + " ORDER BY id", args).fetchall()
-        return [Action(r[0], r[1], r[2], r[3], r[4], json.loads(r[5]), r[6], r[7]) for r in rows]
+        return [Action(*r[:5], json.loads(r[5]), *r[6:]) for r in rows]
 
     # ---- loop state ----------------------------------------------------------------------
     def load(self, key: str, default: Any = None) -> Any:
@@ -192,6 +233,18 @@ class DecisionJournal:
     def save(self, key: str, value: Any) -> None:
         with self._db.transaction() as conn:
             _put(conn, key, value)
+
+
+def _entry(r: tuple) -> JournalEntry:
+    return JournalEntry(
+        id=r[0],
+        at_ns=r[1],
+        identity=r[2],
+        applied=bool(r[3]),
+        inputs=json.loads(r[4]),
+        plan=json.loads(r[5]),
+        outcome=None if r[6] is None else json.loads(r[6]),
+    )
 
 
 def _put(conn: sqlite3.Connection, key: str, value: Any) -> None:

@@ -127,8 +127,13 @@ from scaler.providers.base import ProviderError
 
 log = logging.getLogger(__name__)
 
-PAUSE_POINTS = ("journaled", "acted")
+# Where a pass may stop for good (a crash test's hook): after journaling an action, after
+# carrying it out (before its journal entry is completed), and after cordoning the nodes it
+# removes (before the first is drained and deleted).
+PAUSE_POINTS = ("journaled", "acted", "cordoned")
 PLANNER_KEY = "planner"
+# The id of the applied decision whose pass is under way; its outcome ends it.
+DECIDING_KEY = "deciding"
 KNOWN_KEY = "known_nodes"
 UNREMOVABLE_KEY = "unremovable"
 
@@ -898,12 +903,18 @@ class Reconciler:
         if not apply:
             decision = self.decide()
             self._dry_state = decision.planner_state
-            decision_id = log_.record(self.identity, False, decision.inputs(), decision.to_dict())
-            log_.finish(decision_id, {"dry_run": True})
+            decision_id = log_.record(
+                self.identity,
+                False,
+                decision.inputs(),
+                decision.to_dict(),
+                outcome={"dry_run": True},
+            )
             return PassOutcome(decision, applied=False, decision_id=decision_id)
 
         self._check_leader()
         resolved = self.resolve_journal()
+        self.settle_interrupted()
         decision = self.decide(log_.load(PLANNER_KEY, PlannerState()))
         decision_id = log_.record(
             self.identity,
@@ -911,6 +922,7 @@ class Reconciler:
             decision.inputs(),
             decision.to_dict(),
             state={PLANNER_KEY: decision.planner_state},
+            mark=DECIDING_KEY,
         )
         outcome = PassOutcome(decision, applied=True, decision_id=decision_id, actions=resolved)
         try:
@@ -958,6 +970,30 @@ class Reconciler:
                 | {"result": why}
             )
         return settled
+
+    def settle_interrupted(self) -> None:
+        """Give the decision of a pass a kill interrupted its outcome (after
+        `resolve_journal` has settled its actions): superseded, with how each of its
+        actions ended. This pass plans afresh from what the cloud shows now."""
+        log_ = self.system.log
+        last = log_.load(DECIDING_KEY)
+        entry = log_.decision(last) if last is not None else None
+        if entry is None or entry.outcome is not None:
+            return
+        actions = [
+            {"action": a.kind, "node": a.target, "status": a.status, "result": a.result}
+            for a in log_.actions(decision_ids=[entry.id])
+        ]
+        log.info("decision %d was interrupted: superseded by the next pass", entry.id)
+        log_.finish(
+            entry.id,
+            {
+                "superseded": True,
+                "reason": "the pass was interrupted (the process stopped); its actions were"
+                " settled against the cloud and the next pass planned afresh",
+                "actions": actions,
+            },
+        )
 
     # ---- acting ---------------------------------------------------------------------------
     def _act(self, decision: PassDecision, decision_id: int, outcome: PassOutcome) -> None:
@@ -1130,6 +1166,8 @@ class Reconciler:
                     cordoned.append((removal, action))
                 else:
                     outcome.actions.append(self._settle(removing, removal, action, refused))
+            if cordoned:
+                self.pause("cordoned")
             waiting = {r.kube_name: (r, action) for r, action in cordoned}
             draining = [(r.kube_name or "", frozenset(r.pods)) for r, _ in cordoned]
             for name, result in removing.finish_all(draining):

@@ -5,10 +5,8 @@ the telemetry store, the decision log and the forecaster. `gpuscale scale` and
 from __future__ import annotations
 
 import sqlite3
-import time
 from collections.abc import Callable
-from dataclasses import dataclass, field
-from datetime import UTC, datetime
+from dataclasses import dataclass
 from pathlib import Path
 from typing import TypeVar
 
@@ -25,7 +23,7 @@ from scaler.planning.demand import ForecastModel
 from scaler.providers.autoscaler import AutoscaledCloud
 from scaler.providers.base import CloudProvider, ProviderError
 from scaler.providers.karpenter import KarpenterCloud
-from scaler.providers.simulated import SimulatedCloud, SimulatedNodeGroup
+from scaler.providers.stored_cloud import StoredCloud
 
 T = TypeVar("T")
 
@@ -71,45 +69,8 @@ def build_provider(config: LiveConfig, kube: k8s.ApiClient | None = None) -> Clo
             return AutoscaledCloud(config.pools, kube, kube_names(config.kubernetes))
         assert config.provider.karpenter is not None
         return KarpenterCloud(config.pools, config.provider.karpenter, kube)
-    return WallClockCloud.start(config)
-
-
-@dataclass
-class WallClockCloud:
-    """The simulated cloud on wall-clock time: each refresh moves its clock to now, so
-    nodes boot in real time while the loop runs. Pools start at `initial_sizes` (or their
-    min size), already booted."""
-
-    cloud: SimulatedCloud
-    clock: Callable[[], float] = time.monotonic
-    _last: float = field(default=0.0)
-
-    @classmethod
-    def start(cls, config: LiveConfig) -> WallClockCloud:
-        sim = config.provider.simulated
-        cloud = SimulatedCloud(config.pools, sim, start=datetime.now(UTC).replace(tzinfo=None))
-        for group in cloud.node_groups():
-            size = sim.initial_sizes.get(group.id(), group.min_size())
-            if size:
-                group.increase_size(size)
-        cloud.advance(max((p.boot_seconds for p in config.pools), default=0.0) + 1.0)
-        made = cls(cloud)
-        made._last = made.clock()
-        return made
-
-    def name(self) -> str:
-        return self.cloud.name()
-
-    def node_groups(self) -> list[SimulatedNodeGroup]:
-        return self.cloud.node_groups()
-
-    def node_group_for(self, node_name: str) -> SimulatedNodeGroup | None:
-        return self.cloud.node_group_for(node_name)
-
-    def refresh(self) -> None:
-        now = self.clock()
-        self.cloud.advance(max(now - self._last, 0.0))
-        self._last = now
+    sim = config.provider.simulated
+    return StoredCloud(config.pools, sim, config.state_dir, initial_sizes=sim.initial_sizes)
 
 
 @dataclass

@@ -14,11 +14,10 @@ that a run still depends only on the sequence of calls.
 
 from __future__ import annotations
 
-import itertools
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import asdict, dataclass
 from datetime import datetime, timedelta
-from typing import Literal
+from typing import Any, Literal
 
 import numpy as np
 from pydantic import BaseModel, ConfigDict, Field
@@ -65,6 +64,13 @@ class _Instance:
     interrupted_at: datetime | None
 
 
+_TIMES = ("launched_at", "ready_at", "interrupted_at")
+
+
+def _iso(at: datetime | None) -> str | None:
+    return None if at is None else at.isoformat()
+
+
 class SimulatedCloud:
     """A `CloudProvider` whose time moves only when `advance` is called."""
 
@@ -77,7 +83,7 @@ class SimulatedCloud:
         self.config = config or SimulatedCloudConfig()
         self._now = start
         self._rng = np.random.default_rng(self.config.seed)
-        self._ids = itertools.count()
+        self._next_id = 0
         self._pools = {p.name: p for p in pools}
         self._instances: dict[str, dict[str, _Instance]] = {p.name: {} for p in pools}
         self._unfulfilled = {p.name: 0 for p in pools}  # launches refused for capacity
@@ -151,12 +157,55 @@ class SimulatedCloud:
         self.events.append(event)
         return event
 
+    # State -----------------------------------------------------------------------
+    def snapshot(self) -> dict[str, Any]:
+        """The cloud as JSON-ready data, for `restore`: the clock, the random generator
+        where it is, the next node id, every instance and the launches refused for
+        capacity. The events are not part of it."""
+        return {
+            "now": self._now.isoformat(),
+            "rng": self._rng.bit_generator.state,
+            "next_id": self._next_id,
+            "instances": [
+                asdict(i) | {k: _iso(getattr(i, k)) for k in _TIMES}
+                for instances in self._instances.values()
+                for i in instances.values()
+            ],
+            "unfulfilled": dict(self._unfulfilled),
+        }
+
+    @classmethod
+    def restore(
+        cls,
+        pools: Sequence[NodePool],
+        config: SimulatedCloudConfig,
+        snapshot: dict[str, Any],
+    ) -> SimulatedCloud:
+        """The cloud `snapshot` holds, with `config` for what happens from now on. A pool
+        the snapshot does not know starts empty; one no longer in `pools` is dropped with
+        its nodes."""
+        cloud = cls(pools, config, start=datetime.fromisoformat(snapshot["now"]))
+        cloud._rng.bit_generator.state = snapshot["rng"]
+        cloud._next_id = int(snapshot["next_id"])
+        for raw in snapshot["instances"]:
+            if raw["pool"] in cloud._instances:
+                times = {
+                    k: None if raw[k] is None else datetime.fromisoformat(raw[k]) for k in _TIMES
+                }
+                inst = _Instance(**(raw | times))
+                cloud._instances[inst.pool][inst.name] = inst
+        for pool, count in snapshot["unfulfilled"].items():
+            if pool in cloud._unfulfilled:
+                cloud._unfulfilled[pool] = int(count)
+        return cloud
+
     # Used by the groups -----------------------------------------------------------
     def _launch(self, pool: NodePool, count: int) -> None:
         limit = self.config.capacity.get(pool.name)
         instances = self._instances[pool.name]
         for _ in range(count):
-            name = f"{pool.name}-{next(self._ids):06d}"
+            name = f"{pool.name}-{self._next_id:06d}"
+            self._next_id += 1
             if limit is not None and len(instances) >= limit:
                 self._unfulfilled[pool.name] += 1
                 self.events.append(CloudEvent(self._now, pool.name, name, "no_capacity"))
