@@ -245,7 +245,8 @@ def test_a_state_file_written_before_requests_were_kept_loads(
     upgraded = passes(cfg, START + timedelta(minutes=1), 8.0).decision
     # Planned from the old memory; the gang is not a request yet (no pass's demand to
     # tell a rise from), and the demand seen is kept from here on.
-    assert first.plan.memory.step == 1 and upgraded.plan.memory.step == 2
+    assert upgraded.warm_start is None
+    assert upgraded.plan.memory.step == first.plan.memory.step + 1
     assert upgraded.desired == {"a100": 5}
     state: PlannerState = DecisionJournal(cfg.state_dir).load(PLANNER_KEY)
     assert state.requests is not None and state.requests.seen == {"a100": 5}

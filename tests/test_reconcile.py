@@ -112,7 +112,10 @@ def test_sizes_are_set_so_a_repeated_pass_launches_nothing_more(tmp_path: Path) 
     # Both passes planned from the memory at the start of the same demand step.
     state = DecisionJournal(cfg.state_dir).load("planner")
     assert state.step == first.decision.step == again.decision.step
-    assert state.base is None
+    # The first pass found no state: the memory at the start of its step was rebuilt from
+    # the store's 5 steps before it (the warm start).
+    assert first.decision.warm_start is not None and again.decision.warm_start is None
+    assert state.base is not None and state.base.step == 5
 
 
 @pytest.mark.parametrize("point", ["journaled", "acted"])

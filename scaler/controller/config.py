@@ -55,7 +55,7 @@ from scaler.kube.mig_manager import MigManagerSettings
 from scaler.kube.placeholders import PlaceholderSettings
 from scaler.placement.mix import WorkloadMix
 from scaler.placement.policies import POLICIES
-from scaler.planning.planner import PlannerPolicy
+from scaler.planning.planner import PlannerPolicy, ShortHistory
 from scaler.providers.aws import AwsSettings
 from scaler.providers.karpenter import KarpenterSettings
 from scaler.providers.simulated import SimulatedCloudConfig
@@ -478,6 +478,16 @@ class ServiceSection(_Section):
         return self.token.get_secret_value() if self.token is not None else None
 
 
+class LivePolicy(PlannerPolicy):
+    """The planner's policy in the live loop: before a group has the history to tune its
+    spare on (a store holding less than `tuning_min_steps`), it is sized reactively, on the
+    demand seen, not on the raw forecast bound (the replays' cold start)."""
+
+    short_history: ShortHistory = Field(
+        default="reactive", description=PlannerPolicy.model_fields["short_history"].description
+    )
+
+
 class LiveConfig(FileSettings):
     """Everything `gpuscale scale`, `gpuscale serve` and `gpuscale defrag` need."""
 
@@ -488,7 +498,7 @@ class LiveConfig(FileSettings):
     kubernetes: KubernetesSection | None = None
     demand: DemandSection = DemandSection()
     model: ModelSection = ModelSection()
-    policy: PlannerPolicy = PlannerPolicy()
+    policy: LivePolicy = LivePolicy()
     lease: LeaseSection = LeaseSection()
     placement: PlacementSection = PlacementSection()
     service: ServiceSection = ServiceSection()

@@ -114,6 +114,20 @@ class LoopMetrics:
             ["pool", "action", "reason"],
             registry=r,
         )
+        self.sizing = Gauge(
+            "gpuscale_scaler_group_sizing",
+            "How each demand group's need is sized (1 for the one that applies): tuned,"
+            " job-level-spare, forecast-bound, reactive-fallback (too little history to"
+            " tune on) or reactive",
+            ["group", "sizing"],
+            registry=r,
+        )
+        self.warm_start = Gauge(
+            "gpuscale_scaler_warm_start_steps",
+            "Steps of the store's history the planner's memory was last rebuilt over (a"
+            " fresh state directory, a Lease taken afresh, a state from before a gap)",
+            registry=r,
+        )
         self._decision_labels: dict[str, tuple[str, str, str]] = {}
         self.registry.register(_Decided(self))
 
@@ -132,8 +146,12 @@ class LoopMetrics:
             if o.values.size:
                 for j, level in enumerate(o.levels):
                     self.forecast.labels(o.group, f"{level:g}").set(float(o.values[0, j]))
+        self.sizing.clear()  # one series per group: the kind that applies now
         for need in d.plan.needs:
             self.need.labels(need.group).set(need.add_to)
+            self.sizing.labels(need.group, need.sizing).set(1)
+        if d.warm_start is not None:
+            self.warm_start.set(d.warm_start.steps)
         for pool, target in d.fleet.targets.items():
             self.nodes.labels(pool, "current").set(target)
             self.nodes.labels(pool, "desired").set(d.desired.get(pool, target))
@@ -165,6 +183,7 @@ class LoopMetrics:
             self.used,
             self.capacity,
             self.decision,
+            self.sizing,
         ):
             gauge.clear()
         self._decision_labels.clear()

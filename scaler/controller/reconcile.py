@@ -50,6 +50,9 @@ the cluster say now, so the loop is safe to kill and restart at any moment:
   missing telemetry; a schedule that cannot be read leaves its CronJob out, said once.
 - The planner's memory advances once per demand step: passes within one step all plan
   from the memory at the start of that step, so repeating a pass repeats its decision.
+  Where a pass finds none (a fresh state directory, the Lease just taken), or one from
+  before a gap of more than a step, it rebuilds it from the store's history
+  (`warm_start`): the first pass plans what a replay of that history plans at its step.
 
 Every decision is stored with its inputs (telemetry status, outlook, fleet) and its
 outcome in the decision log. With leader election, no action starts unless this replica
@@ -79,6 +82,7 @@ from scaler.controller.leader import LeaderElector, NotLeader
 from scaler.controller.removal_order import removal_order
 from scaler.controller.request_model import with_request_rates
 from scaler.controller.system import LiveSystem
+from scaler.controller.warm_start import WarmStart, rebuild, stale_state
 from scaler.kube.capacity_buffers import (
     BufferDemand,
     BufferSettings,
@@ -258,6 +262,7 @@ class PassDecision:
     left_to_autoscaler: tuple[Removal, ...] = ()
     lowered: tuple[TargetCut, ...] = ()  # targets above the nodes held, no longer wanted
     scheduled_problem: str | None = None  # the CronJobs could not be read: why
+    warm_start: WarmStart | None = None  # the planner state was rebuilt from the store: how
 
     @property
     def problems(self) -> list[str]:
@@ -322,7 +327,15 @@ class PassDecision:
             "left_to_autoscaler": [r.to_dict() for r in self.left_to_autoscaler],
             "placeholders": [p.model_dump() for p in self.placeholders],
             "capacity_buffers": [b.model_dump() for b in self.buffers],
+            "warm_start": None if self.warm_start is None else self.warm_start.to_dict(),
+            "sizing": self.sizing(),
         }
+
+    def sizing(self) -> dict[str, str]:
+        """How each demand group's need was sized (`GroupNeed.sizing`): its tuned rule, the
+        job-level spare, the forecast bound, or the reactive fallback of a store with too
+        little history."""
+        return {n.group: n.sizing for n in self.plan.needs}
 
 
 # ------------------------------------------------------------------ pure decision helpers
@@ -746,6 +759,9 @@ class Reconciler:
         self._buffer_problems = ProblemLog(log)
         # And the CronJobs: a refusal, a failure or a schedule it cannot read, likewise.
         self._scheduled_problems = ProblemLog(log)
+        # The last warm start (its step and groups, the state and its account): `serve`
+        # decides afresh every few seconds from a state it does not keep.
+        self._warm: tuple[tuple[str, tuple[str, ...]], PlannerState, WarmStart] | None = None
 
     # ---- deciding ------------------------------------------------------------------------
     def decide(self, state: PlannerState | None = None) -> PassDecision:
@@ -783,6 +799,7 @@ class Reconciler:
         lost = {pool: len(set(known.get(pool, [])) - seen) for pool, seen in current.items()}
         step = str(reading.last_step or pd.Timestamp(now).floor(f"{cfg.policy.step_seconds}s"))
         fleet_state = fleet.fleet_state(now, unremovable, lost)
+        state, warm = self._warm_started(state, reading, outlook.outlooks, pools, step)
         requests = state.requests_for(step)
         demand = None
         if fleet.cluster is not None:
@@ -866,7 +883,33 @@ class Reconciler:
             left_to_autoscaler=tuple(left),
             lowered=tuple(lowered),
             scheduled_problem=scheduled_problem,
+            warm_start=warm,
         )
+
+    def _warm_started(
+        self,
+        state: PlannerState,
+        reading: DemandReading,
+        live: Sequence[DemandOutlook],
+        pools: Sequence[NodePool],
+        step: str,
+    ) -> tuple[PlannerState, WarmStart | None]:
+        """`state`, or where it cannot serve this step (`warm_start.stale_state`) the one
+        rebuilt from the store's history, with the account of the rebuild."""
+        groups = tuple(sorted(o.group for o in live))
+        why = stale_state(
+            state.step, state.memory_for(step), step, groups, self.config.policy.step_seconds
+        )
+        if why is None or not groups:
+            return state, None
+        key = (step, groups)
+        if self._warm is None or self._warm[0] != key:
+            replayed, warm = rebuild(
+                reading, self.system.model.model, live, pools, self.config.policy, why
+            )
+            rebuilt = PlannerState(step, replayed.memory, replayed.memory, RequestLog())
+            self._warm = (key, rebuilt, warm)
+        return self._warm[1], self._warm[2]
 
     def _scheduled(
         self, now: datetime, pools: Sequence[NodePool], names: KubeNames

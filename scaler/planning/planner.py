@@ -56,6 +56,11 @@ from scaler.planning.margin import ConformalMargin
 
 Mode = Literal["static", "reactive", "predictive", "hybrid"]
 Objective = Literal["cost", "energy"]
+ShortHistory = Literal["forecast-bound", "reactive"]
+# How a group's need was sized (`GroupNeed.sizing`): its tuned rule, the job-level spare,
+# the forecast bound or the reactive fallback before it has the history to tune on, or
+# the reactive mode.
+Sizing = Literal["tuned", "job-level-spare", "forecast-bound", "reactive-fallback", "reactive"]
 # The finest GPU share a job can ask (gpu-milli); a bound below it is a forecast's rounding
 # residue (a quantile of 0.0008 GPUs less a margin), not demand worth a node.
 GPU_SHARE = 1e-3
@@ -119,6 +124,14 @@ class PlannerPolicy(BaseModel):
         ge=1,
         description="steps of history before the spare capacity is tuned on it (until then "
         "the forecast bound sizes the group)",
+    )
+    short_history: ShortHistory = Field(
+        default="forecast-bound",
+        description="how a group is sized before it has `tuning_min_steps` of history: "
+        "`forecast-bound` (the forecast's upper bound plus its margin) or `reactive` (the "
+        "demand seen, in whole nodes, with the job-level spare where the jobs are seen: "
+        "never more than the demand asks until the tuned rule can size the spare). The "
+        "live loop's default is `reactive` (`LivePolicy`)",
     )
     retune_steps: int = Field(default=6, ge=1, description="steps between two tunings")
     forecast_rules: bool = Field(
@@ -297,6 +310,7 @@ class GroupNeed:
     reason: str
     inputs: Mapping[str, float]
     spare_nodes: int | None = None  # job level: spare nodes on top of the nodes in use or asked
+    sizing: Sizing = "forecast-bound"
 
 
 @dataclass(frozen=True, slots=True)
@@ -346,6 +360,7 @@ class CapacityPlan:
                     "add_to": n.add_to,
                     "keep": n.keep,
                     "reason": n.reason,
+                    "sizing": n.sizing,
                     "inputs": dict(n.inputs),
                 }
                 for n in self.needs
@@ -533,6 +548,7 @@ def _group_need(
             keep,
             f"reactive: demand seen {observed:g}, peak over unneeded time {keep:g}",
             {"observed": observed, "unneeded_peak": keep},
+            sizing="reactive",
         )
         return need, old.with_recent(recent)
 
@@ -594,13 +610,16 @@ def _group_need(
     observed_nodes = np.append(old.observed_nodes, observed / node_gpus)[-history:]
     bound_nodes = np.append(old.bound_nodes, keep / node_gpus)[-history:]
     tuned, tuned_step = old.tuned, old.tuned_step
+    sizing: Sizing = "forecast-bound"
+    history_steps = observed_nodes.size - 1 - (rows - 1)
     if spare is not None:
         # Job level: the spare rides on the nodes in use or asked for now (`job_spare`).
         nodes = whole_nodes(observed / node_gpus) + spare[0]
         add_to = keep = bound_now = float(nodes * node_gpus)
         reason = f"{spare[1]} on {nodes - spare[0]} in use or asked, of {node_gpus} GPUs"
         inputs["spare_nodes"] = spare[0]
-    elif observed_nodes.size - 1 - (rows - 1) >= policy.tuning_min_steps:
+        sizing = "job-level-spare"
+    elif history_steps >= policy.tuning_min_steps:
         if tuned is None or step - tuned_step >= policy.retune_steps:
             tuned = tune(
                 observed_nodes,
@@ -620,6 +639,22 @@ def _group_need(
         )
         inputs["tuned_nodes"] = nodes
         inputs["tuned_short_share"] = tuned.short_share
+        sizing = "tuned"
+    elif policy.short_history == "reactive":
+        # Too little history to tune the spare on: the demand seen, in whole nodes. The raw
+        # bound (the quantile plus a margin learned on a few scores) is what no benchmark
+        # scores and can ask for several times the demand; the live loop's reactive floor
+        # adds what pending pods need, with the job-level spare on top.
+        nodes = whole_nodes(observed / node_gpus)
+        add_to = keep = bound_now = float(nodes * node_gpus)
+        reason = (
+            f"too little history to tune the spare ({max(history_steps, 0)} of"
+            f" {policy.tuning_min_steps} steps): reactive fallback, {nodes} node(s) of"
+            f" {node_gpus} GPUs for the demand seen {observed:g}; forecast bound"
+            f" {forecast_keep:.1f} GPUs not used"
+        )
+        inputs["history_steps"] = max(history_steps, 0)
+        sizing = "reactive-fallback"
 
     if policy.mode == "hybrid" and not math.isnan(old.last_upper) and observed > old.last_upper:
         # Demand outran the bound set for it: correct reactively by the overshoot, at once.
@@ -644,7 +679,7 @@ def _group_need(
         spare_replay=old.spare_replay,
     )
     spare_nodes = None if spare is None else spare[0]
-    return GroupNeed(outlook.group, add_to, keep, reason, inputs, spare_nodes), new
+    return GroupNeed(outlook.group, add_to, keep, reason, inputs, spare_nodes, sizing), new
 
 
 # --------------------------------------------------------------------------- supply side

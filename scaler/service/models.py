@@ -263,6 +263,11 @@ class PlanResponse(BaseModel):
     # unit, reason), as the loop would set them.
     capacity_buffers: list[dict[str, Any]]
     needs: list[dict[str, Any]]
+    # How each demand group's need is sized (tuned, job-level-spare, forecast-bound,
+    # reactive-fallback: too little history to tune on), and, where this plan's planner
+    # state was rebuilt from the store's history, how (why, steps, forecasts).
+    sizing: dict[str, str] = {}
+    warm_start: dict[str, Any] | None = None
 
 
 class NodePoolNode(BaseModel):

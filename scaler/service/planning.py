@@ -102,6 +102,8 @@ class PlanDesk:
             placeholders=[p.model_dump() for p in d.placeholders],
             capacity_buffers=[b.model_dump() for b in d.buffers],
             needs=plan["needs"],  # type: ignore[arg-type]
+            sizing=d.sizing(),
+            warm_start=None if d.warm_start is None else d.warm_start.to_dict(),
         )
 
     def nodepools(self) -> list[NodePoolResponse]:
