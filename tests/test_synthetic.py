@@ -17,6 +17,7 @@ from scaler.evaluation.synthetic import (
     default_config_path,
     generate,
     load_config,
+    with_boot,
 )
 
 REPO = Path(__file__).resolve().parents[1]
@@ -189,3 +190,14 @@ def test_a_scheduled_run_names_a_known_pool_and_a_cron_expression() -> None:
                                          "gpus": 12}]}  # fmt: skip
     with pytest.raises(ValueError, match="whole nodes"):
         WorkloadConfig.model_validate(ragged)
+
+
+def test_a_pinned_boot_outlives_the_runs_boot_time() -> None:
+    config = load_config(REPO / "data" / "synthetic" / "scheduled.yaml")
+    generated = generate(config, seed=0, days=2)
+    boots = {p.name: p.boot_seconds for p in with_boot(generated.pools, 10, generated.pinned_boot)}
+    assert boots == {"a100": 600, "h100": 600, "t4": 600, "l40s": 1500}
+    assert set(generated.jobs["pool"]) == {"a100", "h100", "t4", "l40s"}
+    unknown = {**config.model_dump(), "boot_minutes": {"v100": 25}}
+    with pytest.raises(ValueError, match="unknown pool 'v100'"):
+        WorkloadConfig.model_validate(unknown)

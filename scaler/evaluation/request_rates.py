@@ -15,7 +15,7 @@ Both are told the minutes in order by the simulator (`RequestRates`); a run owns
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from datetime import datetime
 
@@ -27,6 +27,7 @@ from predictor.models.requests import (
     RequestForecaster,
     RequestHistory,
     SeasonalRequestTable,
+    causal_tables,
 )
 
 
@@ -43,17 +44,20 @@ def request_histories(fleet: pd.DataFrame, start: datetime) -> dict[str, Request
 
 @dataclass
 class LearnedRates:
+    """The learned model on each pool's history as the run extends it; its rates are
+    divided by the seasonal table as it stands at each minute (refitted every hour on
+    the hours before), as they were in training."""
+
     model: RequestForecaster
     histories: dict[str, RequestHistory]
-    tables: dict[str, SeasonalRequestTable]
+    tables: dict[str, Callable[[int], SeasonalRequestTable]]
 
     @classmethod
     def of(cls, model: RequestForecaster, histories: Mapping[str, RequestHistory]) -> LearnedRates:
         copies = {
             n: RequestHistory.of(h.start, h.requested, h.pending) for n, h in histories.items()
         }
-        tables = {n: SeasonalRequestTable.fit(h) for n, h in copies.items()}
-        return cls(model, copies, tables)
+        return cls(model, copies, {n: causal_tables(h) for n, h in copies.items()})
 
     def observe(self, pool: str, requested_gpus: float, pending_gpus: float) -> None:
         self.histories[pool].append(requested_gpus, pending_gpus)
@@ -62,7 +66,8 @@ class LearnedRates:
         if self.model.backtest is not None and not self.model.backtest.serves(pool):
             return None
         history = self.histories[pool]
-        return self.model.predict(history, len(history), boot_minutes, self.tables[pool])
+        now = len(history)
+        return self.model.predict(history, now, boot_minutes, self.tables[pool](now))
 
 
 @dataclass

@@ -101,7 +101,7 @@ def simulate_jobs(
     `workers` processes; rows, the matched view, the ablation view and jobs.png."""
 
     generated = generate(load_config(workload), seed=seed, days=days)
-    pools = with_boot(generated.pools, boot_minutes)
+    pools = with_boot(generated.pools, boot_minutes, generated.pinned_boot)
     # The first half fits the model (less the warm-up), the second half is scored.
     half = (generated.end - generated.start) / 2
     start = generated.start + half
@@ -128,7 +128,9 @@ def simulate_jobs(
     out.mkdir(parents=True, exist_ok=True)  # once the inputs are read: none left on bad ones
     placement = comparison.reactive.placement
     return {
-        "title": f"job-level, synthetic seed {seed}, boot {boot_minutes:g} min, from {start};"
+        "title": f"job-level, synthetic seed {seed}, boot {boot_minutes:g} min"
+        + "".join(f", {n} {m:g} min" for n, m in sorted(generated.pinned_boot.items()))
+        + f", from {start};"
         f" placement {placement}, queue {queue}",
         "placement": {"policy": placement, "queue": queue},
         "rows": rows,

@@ -18,8 +18,8 @@ Pool fields use the names of `scaler.cluster.pools.NodePool`, so the `pools.yaml
 from __future__ import annotations
 
 import math
-from collections.abc import Sequence
-from dataclasses import dataclass
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
 from datetime import datetime
 from importlib import resources
 from pathlib import Path
@@ -98,10 +98,10 @@ class StreamConfig(BaseModel):
 
     @model_validator(mode="after")
     def _weights(self) -> StreamConfig:
-        for field in ("pools", "gpus", "gpu_milli"):
-            weights = getattr(self, field)
+        for name in ("pools", "gpus", "gpu_milli"):
+            weights = getattr(self, name)
             if any(w < 0 for w in weights.values()) or sum(weights.values()) <= 0:
-                raise ValueError(f"{field}: weights must be non-negative with a positive sum")
+                raise ValueError(f"{name}: weights must be non-negative with a positive sum")
         if any(g < 1 for g in self.gpus):
             raise ValueError("gpus: job sizes must be at least 1")
         if any(not 0 < m <= WHOLE_GPU_MILLI for m in self.gpu_milli):
@@ -149,12 +149,21 @@ class WorkloadConfig(BaseModel):
     pools: list[NodePool] = Field(min_length=1)
     streams: list[StreamConfig] = Field(min_length=1)
     scheduled: list[ScheduledConfig] = Field(default_factory=list)
+    # Pools whose boot the workload pins, in minutes (a serving pool whose nodes pull a
+    # multi-GB image and load a model): a run's one boot time (`--boot-minutes`) sets
+    # the other pools' only.
+    boot_minutes: dict[str, float] = Field(default_factory=dict)
 
     @model_validator(mode="after")
     def _references(self) -> WorkloadConfig:
         pools = {pool.name: pool for pool in self.pools}
         if len(pools) != len(self.pools):
             raise FieldError("pools", "pool names must be unique")
+        for name, minutes in self.boot_minutes.items():
+            if name not in pools:
+                raise FieldError(f"boot_minutes.{name}", f"unknown pool {name!r}")
+            if not 0 <= minutes <= 24 * 60:
+                raise FieldError(f"boot_minutes.{name}", "must be 0 to 1440 minutes")
         for index, run in enumerate(self.scheduled):
             pool = pools.get(run.pool)
             if pool is None:
@@ -213,6 +222,7 @@ class SyntheticWorkload:
     demand: pd.DataFrame
     intensity: pd.DataFrame
     scheduled: tuple[ScheduledConfig, ...] = ()
+    pinned_boot: Mapping[str, float] = field(default_factory=dict)  # minutes, by pool
 
     def trace(self, split: str | pd.Timestamp | None = None) -> DemandTrace:
         """The demand as a trace (unit GPUs), with the generic test window."""
@@ -283,12 +293,19 @@ def generate(config: WorkloadConfig, seed: int, days: float | None = None) -> Sy
         demand=demand,
         intensity=intensity,
         scheduled=tuple(config.scheduled),
+        pinned_boot=dict(config.boot_minutes),
     )
 
 
-def with_boot(pools: list[NodePool], boot_minutes: float) -> list[NodePool]:
-    """The pools with another boot time (the job-level runs set it; the config has one)."""
-    return [p.model_copy(update={"boot_seconds": boot_minutes * 60}) for p in pools]
+def with_boot(
+    pools: list[NodePool], boot_minutes: float, pinned: Mapping[str, float] | None = None
+) -> list[NodePool]:
+    """The pools with another boot time (the job-level runs set it; the config has one),
+    but those whose boot the workload pins (`pinned`, minutes by pool) at theirs."""
+    pinned = pinned or {}
+    return [
+        p.model_copy(update={"boot_seconds": pinned.get(p.name, boot_minutes) * 60}) for p in pools
+    ]
 
 
 def pools_document(pools: list[NodePool]) -> dict[str, list[dict[str, object]]]:
