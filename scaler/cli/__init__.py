@@ -20,6 +20,7 @@ from scaler.cli import (
     live,
     models,
     placing,
+    report,
     scaling,
     telemetry,
 )
@@ -38,7 +39,19 @@ bench = typer.Typer(
 )
 app.add_typer(bench, name="bench")
 
-for module in (data, forecasting, scaling, placing, live, journal, defrag, demo, telemetry, models):
+for module in (
+    data,
+    forecasting,
+    scaling,
+    placing,
+    live,
+    journal,
+    report,
+    defrag,
+    demo,
+    telemetry,
+    models,
+):
     module.register(app, bench)
 
 

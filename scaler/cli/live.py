@@ -49,6 +49,14 @@ def scale(
         bool, typer.Option("--apply", help="Act: resize pools, drain nodes, place placeholders.")
     ] = False,
     once: Annotated[bool, typer.Option("--once", help="One pass, then exit.")] = False,
+    shadow: Annotated[
+        bool,
+        typer.Option(
+            "--shadow",
+            help="Beside the cluster's own autoscaler: act on nothing, and record per pass"
+            " what gpuscale would set and what the cluster had (`gpuscale report`).",
+        ),
+    ] = False,
     interval: Annotated[
         float | None,
         typer.Option("--interval", min=0.05, help="Seconds between passes (default: config)."),
@@ -72,6 +80,9 @@ def scale(
     so a repeated pass launches nothing twice), cordons and drains nodes through the
     Eviction API before the provider deletes them (PodDisruptionBudgets respected), and
     keeps low-priority placeholder pods holding the capacity bought ahead of demand.
+    With --shadow it runs beside the cluster's own autoscaler: dry runs, each recorded
+    (what gpuscale would set, the nodes, GPUs in use and waiting pods the cluster had) in
+    the state directory's shadow.sqlite, for `gpuscale report`.
 
     Safe to kill at any moment: actions are journaled before they are carried out and a
     restart settles what it finds pending. Stale or missing telemetry never leads to a
@@ -94,8 +105,15 @@ def scale(
     logging.basicConfig(
         level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s"
     )
+    if shadow and apply:
+        raise typer.BadParameter("--shadow acts on nothing: it does not go with --apply")
     settings = load_live_config(config)
     system = LiveSystem.build(settings, source=config)
+    shadow_log = None
+    if shadow:
+        from scaler.controller.shadow import ShadowLog
+
+        shadow_log = ShadowLog(settings.state_dir)
     stop = threading.Event()
     previous = {s: signal.signal(s, lambda *_: stop.set()) for s in (signal.SIGTERM, signal.SIGINT)}
     elector = None
@@ -140,6 +158,8 @@ def scale(
                 failed = True
             else:
                 metrics.observe(outcome, gpus_per_node)
+                if shadow_log is not None:
+                    shadow_log.record(outcome.decision, settings.pools)
                 _report(outcome, as_json)
                 failed = bool(outcome.errors)
             if once:
