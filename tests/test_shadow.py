@@ -7,18 +7,24 @@ from __future__ import annotations
 import itertools
 import json
 import math
+from datetime import datetime, timedelta
 from pathlib import Path
 
 import numpy as np
 import pandas as pd
 import pytest
+from fake_kube import FakeKube
+from live_fixtures import fast_policy, ready_gpu_node
+from live_fixtures import pool as pool_of
 from typer.testing import CliRunner
 
 from predictor.models import build
 from predictor.telemetry.store import TelemetryStore
 from scaler.cli import app
 from scaler.controller.config import LiveConfig, ModelSection, load_live_config
+from scaler.controller.reconcile import Reconciler
 from scaler.controller.shadow import ShadowLog, ShadowPass
+from scaler.controller.system import LiveSystem
 from scaler.evaluation.replay import (
     PlannedTargets,
     PlannerPolicyRun,
@@ -190,3 +196,48 @@ def test_scale_shadow_records_a_pass_and_acts_on_nothing(tmp_path: Path) -> None
     a100 = recorded.pools[0]
     assert (a100.ready, a100.target) == (4, 4)  # the cloud as it was: nothing was acted on
     assert a100.would_set >= 2 and a100.sizing == "reactive-fallback"  # a day: 143 steps
+
+
+def test_with_the_cluster_seen_waiting_pods_are_timed_from_the_pass_that_first_saw_them(
+    tmp_path: Path, fake: FakeKube
+) -> None:
+    """Cluster Autoscaler sizes the pool (`provider: autoscaler`); the shadow passes read
+    the pods: two wait on the a100 pool, one of them starts between the passes."""
+    cfg = LiveConfig(
+        state_dir=tmp_path / "state",
+        pools=[pool_of(min_size=1, max_size=12) | {"boot_seconds": 600}],
+        provider={"kind": "autoscaler"},
+        kubernetes={"host": fake.url},
+        model={"name": "persistence"},
+        policy=fast_policy(60.0),
+        lease={"enabled": False},
+    )
+    node = ready_gpu_node(fake, "gpu-0")
+    eight_gpus = {"containers": [{"name": "main", "resources": {"requests": {
+        "cpu": "8", "memory": "32Gi", "nvidia.com/gpu": "8"}}}]}  # fmt: skip
+    fake.create("pods", {"metadata": {"name": "train", "namespace": "ml"},
+                         "spec": eight_gpus | {"nodeName": node},
+                         "status": {"phase": "Running"}})  # fmt: skip
+    for name in ("wait-0", "wait-1"):
+        fake.create("pods", {"metadata": {"name": name, "namespace": "ml"},
+                             "spec": eight_gpus | {"nodeSelector": {"gpuscale.io/pool": "a100"}},
+                             "status": {"phase": "Pending"}})  # fmt: skip
+    start = datetime(2025, 3, 3, 14, 0, 0)
+    log = ShadowLog(cfg.state_dir)
+    system = LiveSystem.build(cfg)
+    seen = []
+    try:
+        for minute in (0, 1):
+            at = start + timedelta(minutes=minute)
+            ds = pd.date_range(end=pd.Timestamp(at), periods=3, freq="60s")
+            system.store.append(pd.DataFrame({"unique_id": "a100", "ds": ds, "y": 24.0}))
+            decision = Reconciler(system, clock=lambda at=at: at).iterate(apply=False).decision
+            seen.append(log.record(decision, cfg.pools).pools[0])
+            if minute == 0:  # wait-0 starts on a node the autoscaler brought
+                fake.delete("pods", "wait-0", "ml")
+    finally:
+        system.close()
+    first, second = seen
+    assert (first.pending_pods, first.pending_gpus, first.waited_s) == (2, 16.0, (0.0, 0.0))
+    assert first.used_gpus == 8.0 and first.demand_gpus == 24.0
+    assert (second.pending_pods, second.waited_s) == (1, (60.0,))

@@ -103,14 +103,21 @@ def shadow_pass(
         nodes = fleet.nodes.get(pool.name, ())
         ready = sum(not n.unregistered for n in nodes)
         gpus = pool.gpus_per_node
-        used = float(fleet.used_gpus.get(pool.name, 0.0))
         if cluster is not None:
+            # `used_gpus` counts the pods waiting for the pool too: in use is what runs.
+            used = float(
+                sum(
+                    cluster.nodes[n.kube_name].gpus_used
+                    for n in nodes
+                    if n.kube_name in cluster.nodes
+                )
+            )
             pending = [
                 j for j in cluster.real_pending if waiting_since.get(j.id, ("",))[0] == pool.name
             ]
             pending_gpus = sum(j.gpu_request_milli for j in pending) / 1000
             waited = tuple((decision.at - waiting_since[j.id][1]).total_seconds() for j in pending)
-            demand = observed.get(pool.name, used + pending_gpus)
+            demand = observed.get(pool.name, fleet.used_gpus.get(pool.name, used + pending_gpus))
             count: int | None = len(pending)
         else:
             demand = observed.get(pool.name, 0.0)
