@@ -129,7 +129,7 @@ def test_the_loop_serves_the_promoted_model_as_the_outlooks_request_rate(tmp_pat
     retrain_requests(store, ModelRegistry(tmp_path / "models"), SHAPES)
     served = ServedRequestModel(ModelSection(registry=tmp_path / "models"))
     rates = served.rates(store, pools, now, "s1")
-    assert served.source == "requests:1"
+    assert served.source == "requests:1"  # what each decision records as its request_source
     assert set(rates) <= {"a100", "t4"} and rates
     quiet = served.rates(store, pools, now - pd.Timedelta(days=1), "s0")  # no burst that day
     for pool in rates:

@@ -263,6 +263,7 @@ class PassDecision:
     lowered: tuple[TargetCut, ...] = ()  # targets above the nodes held, no longer wanted
     scheduled_problem: str | None = None  # the CronJobs could not be read: why
     warm_start: WarmStart | None = None  # the planner state was rebuilt from the store: how
+    request_source: str | None = None  # the request-rate model served, or why the table is
 
     @property
     def problems(self) -> list[str]:
@@ -284,6 +285,7 @@ class PassDecision:
             "telemetry": [s.to_dict() for s in self.reading.status],
             "problems": self.problems,
             "forecast_source": self.forecast_source,
+            "request_source": self.request_source,
             "outlooks": [
                 {
                     "group": o.group,
@@ -318,6 +320,7 @@ class PassDecision:
             "step": self.step,
             "problems": self.problems,
             "forecast_source": self.forecast_source,
+            "request_source": self.request_source,
             "targets": dict(self.fleet.targets),
             "final_desired": dict(self.desired),
             "held": dict(self.held),
@@ -878,6 +881,7 @@ class Reconciler:
             placeholders=tuple(placeholders),
             planner_state=state.after(step, planned.memory, requests),
             forecast_source=self.system.model.source,
+            request_source=None if self.system.requests is None else self.system.requests.source,
             reactive=reactive,
             buffers=tuple(buffers),
             left_to_autoscaler=tuple(left),
