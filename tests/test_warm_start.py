@@ -20,7 +20,7 @@ from scaler.controller.leader import LeaderElector
 from scaler.controller.metrics import LoopMetrics
 from scaler.controller.reconcile import PassDecision, Reconciler
 from scaler.controller.system import LiveSystem
-from scaler.controller.warm_start import stale_state
+from scaler.controller.warm_start import job_requests, stale_state
 from scaler.evaluation.replay import PlannerPolicyRun, ReplaySeries, replay, rolling_outlook
 from scaler.planning.demand import forecast_levels
 from scaler.planning.planner import GroupMemory, PlannerMemory
@@ -232,3 +232,9 @@ def test_a_state_from_before_a_gap_is_rebuilt() -> None:
     )
     assert "groups" in (stale_state(step, memory, step, ["a100", "h100"], 600) or "")
     assert "no planner state" in (stale_state(None, None, step, ["a100"], 600) or "")
+
+
+def test_the_stores_demand_gives_each_step_its_node_request() -> None:
+    asked = job_requests(np.array([np.nan, 8.0, 20.0, 17.0, 17.0, 40.0]), 8)
+    assert [r.nodes for r in asked] == [(), (), (2,), (), (), (2,)]  # 1, 3, 3, 3, 5 nodes
+    assert all(r.minutes_ago == ((0.0,) if r.nodes else ()) for r in asked)

@@ -11,9 +11,11 @@ forecasts the loop's own forecaster makes on each past step from the data before
 (`Forecaster.rolling`, one vectorised call per horizon). The pass then plans from that
 memory what a replay of the same history by the same planner plans at this step.
 
-A step whose series has no observation yet leaves that group out of it (the live loop
-would have had no outlook for it either); a gap within a series repeats its last value,
-and a forecast missing for a step (the model's warm-up) stands in with the demand then.
+Where the loop sees the jobs, the job-level spare's replay is rebuilt too, on the rises of
+each pool's demand in whole nodes step by step (`job_requests`). A step whose series has
+no observation yet leaves that group out of it (the live loop would have had no outlook
+for it either); a gap within a series repeats its last value, and a forecast missing for
+a step (the model's warm-up) stands in with the demand then.
 """
 
 from __future__ import annotations
@@ -30,6 +32,7 @@ from predictor.foundation.errors import InputError
 from predictor.models.forecast import Forecaster, quantile_column
 from scaler.cluster.pools import NodePool
 from scaler.planning.demand import DemandReading
+from scaler.planning.job_spare import NodeRequests
 from scaler.planning.planner import DemandOutlook, PlannerMemory, PlannerPolicy
 from scaler.planning.warm_start import HistoryStep, ReplayedMemory, replay_memory
 
@@ -85,11 +88,14 @@ def history_steps(
     reading: DemandReading,
     forecaster: Forecaster | None,
     live: Sequence[DemandOutlook],
+    pools: Sequence[NodePool],
     step_seconds: float,
 ) -> tuple[list[HistoryStep], str]:
     """The past steps of the reading (all but its last, the step this pass decides), each
     with the outlooks of the groups of `live` (this pass's outlooks: their levels, rows
-    and GPU models), and what forecast them."""
+    and GPU models), and what forecast them. A group whose outlook carries node requests
+    (the loop sees the jobs) gets each step's requests as the rise of its demand in whole
+    nodes of its pool since the step before (`job_requests`)."""
     if not live or reading.history.empty:
         return [], "none"
     step = pd.Timedelta(seconds=step_seconds)
@@ -127,6 +133,12 @@ def history_steps(
         missing = np.isnan(v)
         v[missing] = np.broadcast_to(seen[:, None, None], v.shape)[missing]
         values[g] = np.maximum(v, 0.0)
+    gpus = {p.name: p.gpus_per_node for p in pools}
+    asked = {
+        g: job_requests(wide[g].to_numpy(dtype=float), gpus[g])
+        for g in groups
+        if by_group[g].requests is not None and g in gpus
+    }
     for i, at in enumerate(grid[:-1]):
         found = []
         for g in groups:
@@ -134,9 +146,20 @@ def history_steps(
             if np.isnan(seen):
                 continue
             o = by_group[g]
-            found.append(DemandOutlook(g, seen, levels, values[g][i], o.gpu_models))
+            requests = asked[g][i] if g in asked else None
+            found.append(DemandOutlook(g, seen, levels, values[g][i], o.gpu_models, requests))
         out.append(HistoryStep(at.to_pydatetime(), tuple(found)))
     return out, source
+
+
+def job_requests(demand: np.ndarray, gpus_per_node: int) -> list[NodeRequests]:
+    """Per step, the node request the store's demand shows: the rise of the demand in whole
+    nodes since the step before, asked at the step (none for a fall, a gap or the first).
+    The loop itself sees each rise of a pass, a gang at once; the store keeps the step's
+    peak, so rises within a step that fell back before its end are not among these."""
+    nodes = np.ceil(np.maximum(demand, 0.0) / gpus_per_node - 1e-9)
+    rises = np.diff(nodes, prepend=np.nan)
+    return [NodeRequests((0.0,), (int(r),)) if r >= 1 else NodeRequests() for r in rises]
 
 
 def rebuild(
@@ -150,7 +173,7 @@ def rebuild(
     """The planner's memory at the start of the reading's last step, replayed over the
     steps before it (`history_steps`), and the account of it."""
     began = time.perf_counter()
-    steps, source = history_steps(reading, forecaster, live, policy.step_seconds)
+    steps, source = history_steps(reading, forecaster, live, pools, policy.step_seconds)
     replayed = replay_memory(steps, pools, policy)
     warm = WarmStart(
         why=why,
