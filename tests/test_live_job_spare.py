@@ -250,3 +250,31 @@ def test_a_state_file_written_before_requests_were_kept_loads(
     assert upgraded.desired == {"a100": 5}
     state: PlannerState = DecisionJournal(cfg.state_dir).load(PLANNER_KEY)
     assert state.requests is not None and state.requests.seen == {"a100": 5}
+
+
+def test_the_served_request_model_gives_the_pass_its_request_rate(
+    tmp_path: Path, fake: FakeKube
+) -> None:
+    """With a request model served by the registry, the pass's a100 outlook carries the
+    model's forecast of the hour a boot ahead (from the store's last days of requests),
+    and the decision says which version."""
+    from test_request_forecast import bursty
+
+    from predictor.lifecycle.registry import ModelRegistry
+    from predictor.models.requests import RequestForecaster
+
+    cfg = config(tmp_path, fake)
+    cfg = cfg.model_copy(
+        update={"model": cfg.model.model_copy(update={"registry": tmp_path / "models"})}
+    )
+    ready_gpu_node(fake, "a100-0")
+    model = RequestForecaster.fit({"a100": (bursty(12), 10.0)})
+    ModelRegistry(tmp_path / "models").save("requests", model, {"model": "requests"})
+    ds = pd.date_range(end=pd.Timestamp(START) - pd.Timedelta("3min"), periods=2 * 1440, freq="min")
+    gpus = 8.0 * (1 + (ds.hour >= 13))  # a node asked for every afternoon
+    TelemetryStore(cfg.state_dir).append(pd.DataFrame({"unique_id": "a100", "ds": ds, "y": gpus}))
+    decision = passes(cfg, START, 8.0).decision
+    (a100,) = [o for o in decision.outlook.outlooks if o.group == "a100"]
+    assert a100.request_rate is not None and a100.request_rate > 0
+    assert decision.request_source == "requests:1"
+    assert decision.to_dict()["request_source"] == "requests:1"
