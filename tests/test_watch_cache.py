@@ -11,6 +11,7 @@ from typing import Any
 
 import pytest
 from kubernetes import client as k8s
+from live_fixtures import pool
 
 from predictor.telemetry.kube_objects import KUBE_NAMES
 from predictor.telemetry.watch_cache import ClusterCache
@@ -275,3 +276,36 @@ def test_the_snapshot_after_1000_random_deltas_is_the_fresh_lists(cluster) -> No
         if serial % 250 == 0:
             converges(watched, api)
     converges(watched, api)
+
+
+def test_readyz_is_false_until_the_first_list_lands(fake, tmp_path) -> None:
+    from fastapi.testclient import TestClient
+
+    from scaler.controller.config import LiveConfig
+    from scaler.service import create_app
+
+    fill(fake, 4, 40)
+    fake.refusals["nodes"] = 403  # the first list cannot land
+    config = LiveConfig(
+        state_dir=tmp_path / "state",
+        pools=[pool()],
+        model={"name": "persistence"},
+        kubernetes={"host": fake.url},
+        placement={"sync_s": 3600},  # a failure to read is not remembered for an hour
+    )
+    app = create_app(config)
+    try:
+        with TestClient(app) as client:
+            answer = client.get("/readyz")
+            assert answer.status_code == 503
+            assert "no first list" in answer.json()["cluster_error"]
+            fake.refusals.clear()
+            deadline = time.monotonic() + 15
+            while client.get("/readyz").status_code != 200:
+                assert time.monotonic() < deadline, client.get("/readyz").json()
+                time.sleep(0.1)
+            assert client.get("/readyz").json()["cluster_error"] is None
+    finally:
+        from scaler.kube.watched import forget_watched, watched_cluster
+
+        forget_watched(watched_cluster(app.state.context.system.kube, KUBE_NAMES))

@@ -80,6 +80,10 @@ class Reflector(Generic[T]):
     watch_timeout_s: int = 300
     request_timeout_s: float = 10.0
     clock: Callable[[], float] = time.monotonic
+    # A kind the cluster may not let gpuscale read (RBAC), or may not serve: a 403 or 404
+    # reads as none of it, why kept in `refused`, asked again every `max_backoff_s`.
+    optional: bool = False
+    refused: str | None = None
     items: dict[str, T] = field(default_factory=dict)
     version: str | None = None  # the resourceVersion to watch from
     listed: bool = False
@@ -170,6 +174,7 @@ class Reflector(Generic[T]):
                     self._put(obj)
             self.version = version
             self.listed = True
+            self.refused = None
             self.down_since = None
             self.error = None
             self.changed.notify_all()
@@ -237,17 +242,44 @@ class Reflector(Generic[T]):
             except Gone as exc:
                 log.info("watch of %s expired (%s); re-listing", self.kind, exc)
                 self.version = None
+            except k8s.ApiException as exc:
+                if not (self.optional and exc.status in (403, 404)):
+                    self._lost(exc, stop, delay)
+                    delay = min(delay * 2, max_backoff_s)
+                    continue
+                self._refuse(exc)
+                stop.wait(max_backoff_s)
             except API_ERRORS as exc:
-                if stop.is_set():
-                    break
-                with self.lock:
-                    if self.down_since is None:
-                        self.down_since = self.clock()
-                        log.warning("watch of %s lost: %s", self.kind, exc)
-                    self.error = f"watch {self.kind}: {type(exc).__name__}: {exc}"
-                    self.version = None  # what was missed is only known from a list
-                stop.wait(delay)
+                self._lost(exc, stop, delay)
                 delay = min(delay * 2, max_backoff_s)
+
+    def _lost(self, exc: Exception, stop: threading.Event, delay: float) -> None:
+        if stop.is_set():
+            return
+        with self.lock:
+            if self.down_since is None:
+                self.down_since = self.clock()
+                log.warning("watch of %s lost: %s", self.kind, exc)
+            self.error = f"watch {self.kind}: {type(exc).__name__}: {exc}"
+            self.version = None  # what was missed is only known from a list
+        stop.wait(delay)
+
+    def _refuse(self, exc: k8s.ApiException) -> None:
+        """An optional kind the server will not show: none of it, and why."""
+        with self.changed:
+            for key in list(self.items):
+                del self.items[key]
+                self._versions.pop(key, None)
+                self._note(key)
+            if self.refused is None:
+                log.warning("%s not read: HTTP %s %s", self.kind, exc.status, exc.reason)
+                self._note("")  # a change of its own: readers learn it is refused
+            self.refused = f"HTTP {exc.status}: {exc.reason}"
+            self.version = None
+            self.listed = True
+            self.down_since = None
+            self.error = None
+            self.changed.notify_all()
 
     def stop(self) -> None:
         response = self._response
@@ -265,9 +297,15 @@ class CacheStatus:
     listed: bool  # every kind's first list has landed
     stale_s: float  # seconds the longest-down watch has been down (0: all open)
     errors: tuple[str, ...]
+    refused: tuple[str, ...] = ()  # optional kinds the server will not show, why
 
     def to_dict(self) -> dict[str, Any]:
-        return {"listed": self.listed, "stale_s": self.stale_s, "errors": list(self.errors)}
+        return {
+            "listed": self.listed,
+            "stale_s": self.stale_s,
+            "errors": list(self.errors),
+            "refused": list(self.refused),
+        }
 
 
 def _budget(obj: Mapping[str, Any]) -> Mapping[str, Any]:
@@ -309,11 +347,12 @@ class ClusterCache:
             "poddisruptionbudgets",
             lambda **kw: policy.list_namespaced_pod_disruption_budget(SYSTEM_NAMESPACE, **kw),
             _budget,
+            optional=True,
             **common,
         )
         batch = k8s.BatchV1Api(api)
         self.cronjobs: Reflector[Mapping[str, Any]] = Reflector(
-            "cronjobs", batch.list_cron_job_for_all_namespaces, dict, **common
+            "cronjobs", batch.list_cron_job_for_all_namespaces, dict, optional=True, **common
         )
         self.kinds: list[Reflector[Any]] = [self.nodes, self.pods, self.budgets, self.cronjobs]
         self._stop = threading.Event()
@@ -343,6 +382,7 @@ class ClusterCache:
             listed=all(k.listed for k in self.kinds),
             stale_s=max(down, default=0.0),
             errors=tuple(k.error for k in self.kinds if k.error is not None),
+            refused=tuple(f"{k.kind}: {k.refused}" for k in self.kinds if k.refused),
         )
 
     def counts(self) -> dict[str, dict[str, int]]:

@@ -26,6 +26,8 @@ from scaler.cli.output import table_console
 if TYPE_CHECKING:
     from scaler.controller.journal import DecisionJournal
     from scaler.controller.reconcile import PassOutcome
+    from scaler.controller.system import LiveSystem
+    from scaler.kube.watched import WatchedCluster
 
 PAUSE_ENV = "GPUSCALE_PAUSE_AT"
 # The Lease's leaseTransitions when this replica last acted, in its decision log's state.
@@ -122,6 +124,9 @@ def scale(
         elector.try_acquire_or_renew()
         threading.Thread(target=elector.run, args=(stop,), name="lease", daemon=True).start()
     reconciler = Reconciler(system, elector, pause=_pause_hook(settings.state_dir))
+    watched = _watched(system)
+    if watched is not None:
+        reconciler.observe = watched
     metrics = LoopMetrics(elector.is_leader if elector is not None else None)
     stop_metrics = metrics.serve(metrics_port) if metrics_port is not None else None
     gpus_per_node = {p.name: p.gpus_per_node for p in settings.pools}
@@ -171,6 +176,10 @@ def scale(
             stop_metrics()
         if elector is not None:
             elector.release()
+        if watched is not None:
+            from scaler.kube.watched import forget_watched
+
+            forget_watched(watched)
         system.close()
         for signum, handler in previous.items():
             signal.signal(signum, handler)
@@ -313,6 +322,20 @@ def own_loop_state(log: DecisionJournal, transitions: int) -> None:
             led,
         )
     log.save(LED_KEY, transitions)
+
+
+def _watched(system: LiveSystem) -> WatchedCluster | None:
+    """With Kubernetes, the loop reads the process's watched cache (listed once, then
+    watched), waiting for its first list up to the request timeout; without, nothing."""
+    if system.kube is None or system.config.kubernetes is None:
+        return None
+    from scaler.controller.config import kube_names
+    from scaler.kube.watched import watched_cluster
+
+    timeout = system.config.kubernetes.request_timeout_s
+    watched = watched_cluster(system.kube, kube_names(system.config.kubernetes), timeout)
+    watched.cache.wait_listed(timeout)
+    return watched
 
 
 def _pause_hook(state_dir: Path) -> Callable[[str], None]:

@@ -44,6 +44,7 @@ from scaler.kube.observed import (
 )
 from scaler.placement.decision import Placement
 from scaler.placement.engine import commit, place
+from scaler.placement.estimator import job_shape
 from scaler.placement.policies.base import Policy
 from scaler.placement.queue import QueuePolicy, admission_order
 from scaler.placement.scale_down import check_removals
@@ -209,10 +210,16 @@ def with_pending(state: ClusterState, pending: Sequence[Job], policy: Policy) ->
     scratch = state.copy()
     for job_id in [j for j, a in scratch.jobs.items() if a.job.placeholder]:
         scratch.release(job_id)
+    failed: set[Job] = set()  # shapes that found no room: placing only fills the nodes
     for job in admission_order(pending, 0.0, FIFO):
+        shape = job_shape(job)
+        if shape in failed:
+            continue
         decided = place(scratch, job, policy)
         if isinstance(decided, Placement):
             commit(scratch, job, decided)
+        else:
+            failed.add(shape)
     return scratch
 
 

@@ -817,7 +817,8 @@ class Reconciler:
                 outlook = replace(outlook, outlooks=with_request_rates(outlook.outlooks, rates))
         scheduled_problem = None
         if kube is not None and self.system.kube is not None:
-            scheduled, scheduled_problem = self._scheduled(now, pools, names)
+            watched = None if fleet.cluster is None else fleet.cluster.cron_jobs
+            scheduled, scheduled_problem = self._scheduled(now, pools, names, watched)
             if scheduled is not None:
                 outlook = replace(outlook, outlooks=with_scheduled(outlook.outlooks, scheduled))
         memory = state.memory_for(step)
@@ -825,6 +826,8 @@ class Reconciler:
         problems = reading.problems + ([outlook.problem] if outlook.problem else [])
         if scheduled_problem is not None:
             problems.append(scheduled_problem)
+        if fleet.cluster is not None and fleet.cluster.stale is not None:
+            problems.append(fleet.cluster.stale)  # the watched cache may be out of date
         desired, held = hold_scale_downs(planned, problems)
         reactive = None
         if demand is not None:
@@ -916,7 +919,11 @@ class Reconciler:
         return self._warm[1], self._warm[2]
 
     def _scheduled(
-        self, now: datetime, pools: Sequence[NodePool], names: KubeNames
+        self,
+        now: datetime,
+        pools: Sequence[NodePool],
+        names: KubeNames,
+        watched: Sequence[Mapping[str, Any]] | None = None,
     ) -> tuple[dict[str, ScheduledNodes] | None, str | None]:
         """The nodes the CronJobs' runs will ask of each pool (`scaler.kube.cronjobs`), or
         None; and, where the API server failed to answer, why (a problem that holds
@@ -927,7 +934,7 @@ class Reconciler:
         step = self.config.policy.step_seconds
         horizon = timedelta(seconds=max((p.boot_seconds for p in pools), default=0.0) + step)
         try:
-            found = read_scheduled(self.system.kube, names, now, horizon)
+            found = read_scheduled(self.system.kube, names, now, horizon, watched)
         except KubeError as exc:
             problem = f"scheduled jobs unknown: {exc}"
             self._scheduled_problems.report([problem])

@@ -25,7 +25,7 @@ Obj = dict[str, Any]
 GPU_MODELS = {"a100": "NVIDIA-A100-SXM4-80GB", "h100": "NVIDIA-H100-80GB-HBM3"}
 
 
-def node_object(name: str, pool: str, rng: random.Random) -> Obj:
+def node_object(name: str, pool: str, rng: random.Random, cloud_name: str | None = None) -> Obj:
     labels = {KUBE_NAMES.pool_label: pool, "kubernetes.io/hostname": name}
     allocatable = {"cpu": "96", "memory": "768Gi", "pods": "250"}
     if pool in GPU_MODELS:
@@ -33,7 +33,7 @@ def node_object(name: str, pool: str, rng: random.Random) -> Obj:
         allocatable[KUBE_NAMES.gpu_resource] = "8"
     return {
         "metadata": {"name": name, "labels": labels, "annotations": {}},
-        "spec": {"providerID": f"sim:///{pool}/{name}"},
+        "spec": {"providerID": f"sim:///{pool}/{cloud_name or name}"},
         "status": {
             "allocatable": allocatable,
             "capacity": allocatable,
@@ -110,13 +110,30 @@ class _Room:
     gpus: dict[str, int] = field(default_factory=dict)
 
 
-def generate_cluster(nodes: int, pods: int, seed: int = 0) -> GeneratedCluster:
+def pool_sizes(nodes: int) -> dict[str, int]:
+    """How many of `nodes` each pool gets (`generate_cluster`'s split)."""
+    pools = [_pool(i) for i in range(nodes)]
+    return {pool: pools.count(pool) for pool in ("cpu", "a100", "h100")}
+
+
+def _pool(i: int) -> str:
+    return "cpu" if i % 3 == 0 else ("a100" if i % 3 == 1 else "h100")
+
+
+def generate_cluster(
+    nodes: int, pods: int, seed: int = 0, cloud_names: dict[str, list[str]] | None = None
+) -> GeneratedCluster:
     """`nodes` nodes and `pods` pods in all (DaemonSet pods included), see the module
-    docstring."""
+    docstring. `cloud_names`: the provider's names of each pool's nodes, in order (their
+    providerIDs end in them, so the loop matches them to the provider's nodes)."""
     rng = random.Random(seed)
     names = [f"node-{i:05d}" for i in range(nodes)]
-    pools = ["cpu" if i % 3 == 0 else ("a100" if i % 3 == 1 else "h100") for i in range(nodes)]
-    node_objs = [node_object(n, p, rng) for n, p in zip(names, pools, strict=True)]
+    pools = [_pool(i) for i in range(nodes)]
+    given = {pool: iter(found) for pool, found in (cloud_names or {}).items()}
+    node_objs = [
+        node_object(n, p, rng, next(given[p], None) if p in given else None)
+        for n, p in zip(names, pools, strict=True)
+    ]
     room = _Room(
         cpu={n: 95_000 for n in names},
         gpus={n: 8 for n, p in zip(names, pools, strict=True) if p != "cpu"},

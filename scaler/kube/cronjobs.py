@@ -21,7 +21,7 @@ is left to the forecast.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
@@ -38,11 +38,18 @@ REFUSED = (403, 404)  # not allowed, or not served: scheduled jobs are left out
 
 
 def read_scheduled(
-    api: k8s.ApiClient, names: KubeNames, now: datetime, horizon: timedelta
+    api: k8s.ApiClient,
+    names: KubeNames,
+    now: datetime,
+    horizon: timedelta,
+    watched: Sequence[Mapping[str, Any]] | None = None,
 ) -> ScheduledRuns | Refusal:
     """The runs of every CronJob due after `now` up to `now + horizon`, with why the
     CronJobs whose schedule cannot be read were left out; a Refusal where the API server
-    will not list CronJobs (`REFUSED`). Raises KubeError when it cannot answer."""
+    will not list CronJobs (`REFUSED`). Raises KubeError when it cannot answer. `watched`:
+    the CronJobs (JSON form) of the process's watched cache, read instead of a list."""
+    if watched is not None:
+        return scheduled_runs(watched, now, horizon, names)
     batch = k8s.BatchV1Api(api)
     listing: Any = kube_call(
         "read CronJobs", paged(batch.list_cron_job_for_all_namespaces), expect=REFUSED

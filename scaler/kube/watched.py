@@ -32,7 +32,13 @@ from typing import Any
 from kubernetes import client as k8s
 
 from predictor.telemetry.kube_objects import KubeNames, NodeFacts, PodRequest, Taint
-from predictor.telemetry.watch_cache import SYSTEM_NAMESPACE, CacheStatus, ClusterCache
+from predictor.telemetry.watch_cache import (
+    SYSTEM_NAMESPACE,
+    CacheStatus,
+    ClusterCache,
+    forget_shared,
+    shared_cache,
+)
 from scaler.cluster.job import Job
 from scaler.cluster.snapshot import ClusterState, NodeSpec
 from scaler.kube.drainability import NO_BUDGETS, SystemBudgets
@@ -48,6 +54,11 @@ from scaler.kube.observed import (
     pending_gpus,
     taints_of,
 )
+
+
+class NotListed(KubeError):
+    """The cache's first list has not landed: nothing to read yet (ask again soon)."""
+
 
 STALE_AFTER_S = 60.0  # a watch down longer than this: the view may miss what a scale-down needs
 
@@ -94,7 +105,7 @@ class WatchedCluster:
         self._bound_pods: dict[str, PodRequest] = {}
         self._budgets = NO_BUDGETS
         self._system_pods = 0  # kube-system's: the budgets are read only where one runs
-        self._cron_jobs: tuple[Mapping[str, Any], ...] = ()
+        self._cron_jobs: tuple[Mapping[str, Any], ...] | None = ()
         self._snapshot: ObservedCluster | None = None
 
     def status(self) -> CacheStatus:
@@ -111,7 +122,7 @@ class WatchedCluster:
             status = self.cache.status()
         if not status.listed:
             why = "; ".join(status.errors) or "not listed yet"
-            raise KubeError(f"read nodes and pods: the cluster cache has no first list ({why})")
+            raise NotListed(f"read nodes and pods: the cluster cache has no first list ({why})")
         with self._lock:
             snapshot = self._refresh()
         stale = None
@@ -120,6 +131,12 @@ class WatchedCluster:
                 f"cluster cache stale: a watch has been down {status.stale_s:.0f} s"
                 f" ({'; '.join(status.errors)})"
             )
+        elif self.cache.budgets.refused is not None and self._system_pods:
+            # Whether a budget covers a kube-system pod is unknown: no drain is justified.
+            stale = (
+                f"kube-system's PodDisruptionBudgets not readable ({self.cache.budgets.refused})"
+            )
+
         return snapshot if snapshot.stale == stale else replace(snapshot, stale=stale)
 
     # ---- updating ------------------------------------------------------------------------
@@ -224,8 +241,9 @@ class WatchedCluster:
                     state.set_draining([n], entry.draining)
         if budgets_moved or budget_changes is None or pods_moved:
             self._budgets = self._read_budgets()
-        if cron_moved:
-            self._cron_jobs = tuple(cache.cronjobs.snapshot()[1].values())
+        if cron_moved or cache.cronjobs.refused:
+            refused = cache.cronjobs.refused is not None  # the loop lists, and says why not
+            self._cron_jobs = None if refused else tuple(cache.cronjobs.snapshot()[1].values())
         self._snapshot = self._assemble()
         return self._snapshot
 
@@ -344,3 +362,27 @@ def _carry(old: ClusterState, new: ClusterState, kept: list[tuple[int, int]]) ->
     for allocation in new.jobs.values():
         if allocation.job.service:
             new.service_nodes.setdefault(allocation.job.service, Counter())[allocation.node] += 1
+
+
+_WATCHED: dict[int, WatchedCluster] = {}
+_WATCHED_LOCK = threading.Lock()
+
+
+def watched_cluster(
+    api: k8s.ApiClient, names: KubeNames, request_timeout_s: float = 10.0
+) -> WatchedCluster:
+    """The process's watched cluster on the API server `api` talks to (its cache started):
+    `scale` and `serve` in one process read one snapshot of one cache."""
+    cache = shared_cache(api, names, request_timeout_s=request_timeout_s)
+    with _WATCHED_LOCK:
+        found = _WATCHED.get(id(cache))
+        if found is None or found.cache is not cache:
+            found = _WATCHED[id(cache)] = WatchedCluster(cache)
+        return found
+
+
+def forget_watched(watched: WatchedCluster) -> None:
+    """Stop `watched`'s cache (the process's loop ends); a later call makes a new one."""
+    with _WATCHED_LOCK:
+        _WATCHED.pop(id(watched.cache), None)
+    forget_shared(watched.cache)

@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import functools
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 from scaler.cluster.job import Job
 from scaler.cluster.pools import NodePool
@@ -71,6 +71,12 @@ def units(pending: Sequence[Job]) -> list[tuple[Job, ...]]:
     return sorted(out, key=lambda u: (-sum(j.gpu_request_milli for j in u), -u[0].cpu_milli))
 
 
+def job_shape(job: Job) -> Job:
+    """`job` without what does not decide where it fits (its id, priority, submission and
+    predicted run time, placeholder flag): jobs of one shape fit the same nodes."""
+    return replace(job, id="", priority=0, submitted_s=0.0, predicted_gpu_s=None, placeholder=False)
+
+
 def _fits(state: ClusterState, unit: tuple[Job, ...], policy: Policy) -> bool:
     """Place `unit` on `state` if it fits now (binding it), and say whether it did."""
     if len(unit) == 1:
@@ -123,10 +129,17 @@ def estimate_scale_up(
         ).copy()
         opened[pool.name] = booting.get(pool.name, 0)
 
+    # Pods of one shape that did not fit the existing nodes never will in this estimate (it
+    # only binds there, so the nodes only fill), as Cluster Autoscaler's equivalence groups
+    # skip the pods of a controller after one did not fit: each is tried once.
+    failed: set[Job] = set()
     for unit in units(pending):
-        if scratch is not None and _fits(scratch, unit, policy):
+        shape = job_shape(unit[0]) if len(unit) == 1 else None
+        if scratch is not None and shape not in failed and _fits(scratch, unit, policy):
             on_existing.extend(j.id for j in unit)
             continue
+        if shape is not None:
+            failed.add(shape)
         candidates = _pools_for(unit, by_price, templates)
         # Nodes opened so far (booting ones included) first, in any pool; then new ones.
         chosen = next(

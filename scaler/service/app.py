@@ -18,9 +18,10 @@ from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
 
 from predictor.foundation.errors import InputError
-from scaler.controller.config import LiveConfig
+from scaler.controller.config import LiveConfig, kube_names
 from scaler.controller.system import LiveSystem
 from scaler.kube.errors import KubeError
+from scaler.kube.watched import watched_cluster
 from scaler.providers.base import ProviderError
 from scaler.service.bodies import BodyRules
 from scaler.service.cluster import LiveCluster
@@ -43,8 +44,15 @@ ExtenderArgs / ExtenderFilterResult / HostPriorityList / ExtenderBindingArgs JSO
 
 def create_app(config: LiveConfig, system: LiveSystem | None = None) -> FastAPI:
     system = system or LiveSystem.build(config)
-    # One listing of the cluster per sync interval, for the placement state and the plan.
+    # One snapshot of the cluster per sync interval, for the placement state and the plan:
+    # read from the process's watched cache (listed once, then watched) when Kubernetes is
+    # the source of nodes.
     listing = SharedListing(config.placement.sync_s)
+    if system.kube is not None and config.kubernetes is not None and not config.placement.nodes:
+        watched = watched_cluster(
+            system.kube, kube_names(config.kubernetes), config.kubernetes.request_timeout_s
+        )
+        listing = SharedListing(config.placement.sync_s, observe=watched)
     cluster = LiveCluster(system, listing=listing)
     metrics = ServiceMetrics()
 

@@ -1,5 +1,9 @@
 """One listing of the cluster per sync interval for a whole `serve` process.
 
+With Kubernetes as the source of nodes the listing is the process's watched cache
+(`scaler.kube.watched`): the snapshot is read from memory, at most once per `sync_s`, and
+until the cache's first list has landed every read asks again (the service is not ready).
+
 The placement state (`LiveCluster`) and the plan (`PlanDesk`, through the reconcile loop's
 fleet view) both read the cluster as `observe_cluster` shows it; they share this cache, so
 a process lists nodes and pods at most once per `placement.sync_s` however many callers
@@ -21,6 +25,7 @@ from kubernetes import client as k8s
 from scaler.kube.errors import KubeError
 from scaler.kube.objects import KubeNames
 from scaler.kube.observed import ObserveCluster, ObservedCluster, observe_cluster
+from scaler.kube.watched import NotListed
 
 
 @dataclass(frozen=True, slots=True)
@@ -60,6 +65,8 @@ class SharedListing:
                 now = self._clock()
                 try:
                     self._last = _Listing(now, key, self._observe(api, names))
+                except NotListed:
+                    raise  # a watched cache still listing: asked again on the next read
                 except KubeError as exc:
                     self._last = _Listing(now, key, None, str(exc))
                 except ValueError as exc:  # an object the API server gave is unreadable
