@@ -115,3 +115,40 @@ def test_processes_growing_at_once_lose_no_change(tmp_path: Path) -> None:
     assert [w.exitcode for w in workers] == [0, 0]
     # increase_size(1) sets the target one above what that call read: 4 in all.
     assert _open(tmp_path, Clock()).node_groups()[0].target_size() == 4
+
+
+def test_serve_shows_what_scale_did(tmp_path: Path) -> None:
+    """`scale --apply` and `serve` on one config: /v1/nodepools shows the loop's nodes."""
+    import warnings
+
+    import pandas as pd
+    from live_fixtures import pool
+
+    from predictor.telemetry.store import TelemetryStore
+    from scaler.controller.config import LiveConfig
+    from scaler.controller.reconcile import Reconciler
+    from scaler.controller.system import LiveSystem
+    from scaler.service import create_app
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # starlette's note about httpx versions
+        from fastapi.testclient import TestClient
+
+    config = LiveConfig(
+        state_dir=tmp_path / "state",
+        pools=[pool(min_size=2, max_size=6)],
+        model={"name": "persistence"},
+        policy={"step_seconds": 60, "drop_hold_steps": 0},
+    )
+    end = pd.Timestamp.now(tz="UTC").tz_localize(None).floor("60s")
+    ds = pd.date_range(end=end, periods=6, freq="60s")
+    TelemetryStore(config.state_dir).append(
+        pd.DataFrame({"unique_id": "a100", "ds": ds, "y": [8.0] * 5 + [40.0]})
+    )
+    with TestClient(create_app(config)) as client:
+        (before,) = client.get("/v1/nodepools").json()
+        assert before["target_size"] == 2
+        outcome = Reconciler(LiveSystem.build(config)).iterate(apply=True)
+        assert [a["result"] for a in outcome.actions] == ["target 2 -> 5"]
+        (after,) = client.get("/v1/nodepools").json()
+        assert (after["target_size"], after["ready"], len(after["nodes"])) == (5, 5, 5)

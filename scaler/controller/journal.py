@@ -191,6 +191,15 @@ class DecisionJournal:
                 (status, time.time_ns(), result, action_id),
             )
 
+    def action(self, action_id: int) -> Action | None:
+        with self._db.connect() as conn:
+            row = conn.execute(
+                "SELECT id, decision_id, pool, kind, target, params, status, result, started,"
+                " finished FROM actions WHERE id = ?",
+                (action_id,),
+            ).fetchone()
+        return None if row is None else Action(*row[:5], json.loads(row[5]), *row[6:])
+
     def pending(self) -> list[Action]:
         return self.actions(status="pending")
 

@@ -1308,6 +1308,7 @@ class Reconciler:
         assert self.system.kube is not None
         log_ = self.system.log
         action = log_.begin(decision_id, node.pool or "", "uncordon", node.cloud_name, {})
+        self.pause("journaled")
         try:
             names = kube_names(self.config.kubernetes)
             NodeRemoval(self.system.kube, self.system.provider, names=names).uncordon(node.name)
@@ -1316,6 +1317,7 @@ class Reconciler:
             return {"action": "uncordon", "node": node.cloud_name, "status": "failed"} | {
                 "result": str(exc)
             }
+        self.pause("acted")
         why = "no longer to be removed"
         log_.complete(action, "done", why)
         return {"action": "uncordon", "node": node.cloud_name, "status": "done", "result": why}
