@@ -282,7 +282,7 @@ def compare_on_workload(
     # The week before the scored window, or as much of it as the jobs cover.
     week = min(TUNING_WINDOW, begin - first)
     tuned_headroom = tuned_headroom and week >= MIN_TUNING_WINDOW
-    tuning = replace(stream, begin=start - week - warmup, start=start - week)
+    tuning = replace(stream, begin=start - week - warmup, start=start - week, end=start)
     tried = [JobRun("reactive"), *(JobRun("headroom", k) for k in HEADROOM_NODES)]
     results = _run_pairs([*runs, *((tuning, r) for r in tried if tuned_headroom)], workers)
     if tuned_headroom:
