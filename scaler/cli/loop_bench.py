@@ -61,7 +61,10 @@ def bench_loop(
         progress=lambda line: console.print(f"[dim]{line}[/]"),
     )
     rows = [
-        ("nodes / pods (GPU pods)", f"{result.nodes} / {result.pods} ({result.gpu_pods})"),
+        (
+            "nodes / pods (GPU pods, pending)",
+            f"{result.nodes} / {result.pods} ({result.gpu_pods}, {result.pending_pods})",
+        ),
         ("first list", f"{result.first_list_s:.2f} s"),
         ("first snapshot", f"{result.first_snapshot_s:.2f} s"),
         ("first pass", f"{result.first_pass_s:.2f} s"),

@@ -151,11 +151,14 @@ def explain(state: ClusterState, job: Job) -> str:
     return f"no node fits now: of {state.size} nodes, " + ", then ".join(parts)
 
 
-def never_on(state: ClusterState, job: Job, n: int) -> str | None:
-    """Why node `n` could never hold `job`, even empty (None: it could)."""
+def never_on(
+    state: ClusterState, job: Job, n: int, admitted: np.ndarray | None = None
+) -> str | None:
+    """Why node `n` could never hold `job`, even empty (None: it could). `admitted`:
+    `admits(state, job)`, where the caller asks for many nodes."""
     if state.cordoned[n]:
         return "node is cordoned"
-    if not admits(state, job)[n]:
+    if not (admits(state, job) if admitted is None else admitted)[n]:
         return "node selector, taints or spread rule exclude this node"
     if job.mig_profile is not None:
         offered = int(mig_offered(state, job.mig_profile)[n])

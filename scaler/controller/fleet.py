@@ -210,7 +210,9 @@ def with_pending(state: ClusterState, pending: Sequence[Job], policy: Policy) ->
     scratch = state.copy()
     for job_id in [j for j, a in scratch.jobs.items() if a.job.placeholder]:
         scratch.release(job_id)
-    failed: set[Job] = set()  # shapes that found no room: placing only fills the nodes
+    failed: set[tuple[object, ...]] = (
+        set()
+    )  # shapes that found no room: placing only fills the nodes
     for job in admission_order(pending, 0.0, FIFO):
         shape = job_shape(job)
         if shape in failed:

@@ -65,6 +65,7 @@ class LoopBenchResult:
     nodes: int
     pods: int
     gpu_pods: int
+    pending_pods: int  # real pods waiting, at the first snapshot
     passes: int
     first_list_s: float  # every page of every kind, read
     first_snapshot_s: float  # the snapshot built from the first list
@@ -189,7 +190,7 @@ def run_loop_bench(
                 raise RuntimeError(f"the first list did not land: {watched.status().errors}")
             first_list = time.perf_counter() - start
             start = time.perf_counter()
-            watched()
+            pending = len(watched().real_pending)
             first_snapshot = time.perf_counter() - start
             lists_at_start = _verbs(api.counts())["list"]
             spent: list[float] = []
@@ -231,6 +232,7 @@ def run_loop_bench(
                 nodes=nodes,
                 pods=pods,
                 gpu_pods=api.gpu_pods,
+                pending_pods=pending,
                 passes=passes,
                 first_list_s=first_list,
                 first_snapshot_s=first_snapshot,

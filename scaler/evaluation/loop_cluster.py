@@ -4,9 +4,10 @@ N nodes: a third CPU nodes (96 cores, pool `cpu`), the rest 8-GPU nodes of two p
 (`a100`, `h100`), each GPU node carrying the GPU model label and its pool label, and one
 DaemonSet pod per node (the node's overhead). M pods in all, about thirty a node at the
 issue's sizes, most of them ordinary non-GPU pods (a ReplicaSet's, bound, running); one in
-ten holds GPUs: whole GPUs of mixed shapes (1, 2, 4, 8), GPU-sharing pods (the share
-annotation, one GPU), and gangs (several 8-GPU pods of one Job); a few of each kind wait
-unbound for room. The same seed gives the same cluster.
+twenty holds GPUs, about 70% of the cluster's GPUs in all: whole GPUs of mixed shapes (1,
+2, 4, 8), GPU-sharing pods (the share annotation, one GPU), and gangs (several 8-GPU pods
+of one Job); a few of each kind wait unbound for room. The same seed gives the same
+cluster.
 
 `ClusterChurn` makes the changes between two passes: pods created (bound and pending),
 pods finishing (deleted from the unfinished pods' view), pods changed (a label), nodes
@@ -153,11 +154,11 @@ def generate_cluster(
         room.cpu[n] -= 200
     gpu_nodes = sorted(room.gpus)
     left = pods - len(out)
-    gpu_share = left // 10
+    gpu_share = left // 20
     counter = 0
 
     def bind_gpu(want: int, cpu_milli: int) -> str | None:
-        for _ in range(8):
+        for _ in range(64):
             n = rng.choice(gpu_nodes)
             if room.gpus[n] >= want and room.cpu[n] >= cpu_milli:
                 room.gpus[n] -= want
@@ -170,7 +171,7 @@ def generate_cluster(
     while made < gpu_share and gpu_nodes:
         counter += 1
         kind = rng.random()
-        if kind < 0.08:  # a gang: 2-4 pods of 8 GPUs, of one Job
+        if kind < 0.02:  # a gang: 2-4 pods of 8 GPUs, of one Job
             size = rng.randint(2, 4)
             gang = f"gang-{counter}"
             pool = rng.choice(("a100", "h100"))
@@ -190,8 +191,8 @@ def generate_cluster(
                 )
             made += size
             continue
-        if kind < 0.3:  # a sharing pod
-            node = bind_gpu(1, 1000) if rng.random() < 0.97 else None
+        if kind < 0.22:  # a sharing pod
+            node = bind_gpu(1, 1000) if rng.random() < 0.98 else None
             out.append(
                 pod_object(
                     f"share-{counter}",
@@ -205,8 +206,8 @@ def generate_cluster(
                 )
             )
         else:
-            want = rng.choice((1, 1, 2, 4, 8))
-            node = bind_gpu(want, want * 1000) if rng.random() < 0.97 else None
+            want = rng.choice((1, 1, 1, 1, 2, 2, 4, 8))
+            node = bind_gpu(want, want * 1000) if rng.random() < 0.98 else None
             out.append(
                 pod_object(
                     f"train-{counter}",
@@ -225,7 +226,7 @@ def generate_cluster(
         counter += 1
         cpu = rng.choice((100, 250, 500, 1000, 2000))
         node = None
-        if rng.random() < 0.995:
+        if rng.random() < 0.998:
             for _ in range(8):
                 candidate = names[rng.randrange(nodes)]
                 if room.cpu[candidate] >= cpu:

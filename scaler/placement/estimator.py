@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import functools
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field
 
 from scaler.cluster.job import Job
 from scaler.cluster.pools import NodePool
@@ -71,10 +71,26 @@ def units(pending: Sequence[Job]) -> list[tuple[Job, ...]]:
     return sorted(out, key=lambda u: (-sum(j.gpu_request_milli for j in u), -u[0].cpu_milli))
 
 
-def job_shape(job: Job) -> Job:
-    """`job` without what does not decide where it fits (its id, priority, submission and
-    predicted run time, placeholder flag): jobs of one shape fit the same nodes."""
-    return replace(job, id="", priority=0, submitted_s=0.0, predicted_gpu_s=None, placeholder=False)
+def job_shape(job: Job) -> tuple[object, ...]:
+    """What decides where `job` fits (not its id, priority, submission or predicted run
+    time): jobs of one shape fit the same nodes."""
+    return (
+        job.cpu_milli,
+        job.memory_mib,
+        job.num_gpu,
+        job.gpu_milli,
+        job.gpu_models,
+        job.qos,
+        job.gang,
+        job.mode,
+        job.service,
+        job.node_selector,
+        job.tolerations,
+        job.mig_profile,
+        job.mig_count,
+        job.topology_key,
+        job.topology_required,
+    )
 
 
 def _fits(state: ClusterState, unit: tuple[Job, ...], policy: Policy) -> bool:
@@ -132,7 +148,7 @@ def estimate_scale_up(
     # Pods of one shape that did not fit the existing nodes never will in this estimate (it
     # only binds there, so the nodes only fill), as Cluster Autoscaler's equivalence groups
     # skip the pods of a controller after one did not fit: each is tried once.
-    failed: set[Job] = set()
+    failed: set[tuple[object, ...]] = set()
     for unit in units(pending):
         shape = job_shape(unit[0]) if len(unit) == 1 else None
         if scratch is not None and shape not in failed and _fits(scratch, unit, policy):

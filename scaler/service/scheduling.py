@@ -22,7 +22,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from scaler.cluster.predicates import feasible, full_now, never_on
+from scaler.cluster.predicates import admits, feasible, full_now, never_on
 from scaler.placement import ClusterState, Job, Placement, Policy, Unschedulable
 from scaler.placement.engine import candidates as engine_candidates
 from scaler.placement.engine import choose
@@ -43,6 +43,7 @@ def filter_nodes(state: ClusterState, job: Job, candidates: Sequence[str]) -> Fi
     index = {name: i for i, name in enumerate(state.names)}
     problem = job.problem()
     fits = feasible(state, job) if problem is None else np.zeros(state.size, dtype=bool)
+    admitted = admits(state, job)  # once, not once per node that fails
     passing: list[str] = []
     failed: dict[str, str] = {}
     unresolvable: dict[str, str] = {}
@@ -55,7 +56,7 @@ def filter_nodes(state: ClusterState, job: Job, candidates: Sequence[str]) -> Fi
         elif fits[n]:
             passing.append(name)
         else:
-            never = never_on(state, job, n)
+            never = never_on(state, job, n, admitted)
             if never:
                 unresolvable[name] = never
             else:
