@@ -113,7 +113,9 @@ def shadow_pass(
                 )
             )
             pending = [
-                j for j in cluster.real_pending if waiting_since.get(j.id, ("",))[0] == pool.name
+                j
+                for j in cluster.real_pending
+                if j.id in waiting_since and waiting_since[j.id][0] == pool.name
             ]
             pending_gpus = sum(j.gpu_request_milli for j in pending) / 1000
             waited = tuple((decision.at - waiting_since[j.id][1]).total_seconds() for j in pending)
