@@ -162,6 +162,9 @@ def test_a_broken_watch_relists_and_converges_on_the_same_server(cluster) -> Non
     fake.refusals.clear()
     converges(watched, api)
     assert fake.list_requests("pods") > lists
+    deadline = time.monotonic() + 10  # every kind back (each after its own backoff)
+    while watched.status().stale_s > 0 and time.monotonic() < deadline:
+        time.sleep(0.05)
     assert watched.status().stale_s == 0 and watched().stale is None
 
 

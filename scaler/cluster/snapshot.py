@@ -322,6 +322,12 @@ class ClusterState:
             self.cordoned[n] = cordoned
             self.version[n] += 1
 
+    def set_prices(self, nodes: Sequence[NodeSpec]) -> None:
+        """Price the nodes as `nodes` (this state's nodes, in its order) are priced."""
+        if [n.name for n in nodes] != self.names:
+            raise ValueError("set_prices takes this state's nodes, in its order")
+        self.gpu_price = _gpu_prices(nodes)
+
     def set_mig_layout(self, node: int, layout: MigLayout) -> None:
         """Partition node `node`'s MIG GPUs anew (a repartition). Every instance a job holds
         must stay as it is (same GPU, profile and start); raises ValueError otherwise."""

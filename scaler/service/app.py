@@ -53,6 +53,9 @@ def create_app(config: LiveConfig, system: LiveSystem | None = None) -> FastAPI:
             system.kube, kube_names(config.kubernetes), config.kubernetes.request_timeout_s
         )
         listing = SharedListing(config.placement.sync_s, observe=watched)
+        # A small cluster's first list lands in moments: serve it from the first request.
+        # A large one's takes longer than a probe waits; /readyz says when it has landed.
+        watched.cache.wait_listed(config.kubernetes.request_timeout_s)
     cluster = LiveCluster(system, listing=listing)
     metrics = ServiceMetrics()
 

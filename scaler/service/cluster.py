@@ -299,13 +299,24 @@ class LiveCluster:
         # same state however their source listed them (config order, API server order, the
         # scheduler's node list arriving later).
         prices = {pool.name: pool.price_per_hour for pool in self.system.config.pools}
-        nodes = sorted(specs.values(), key=lambda s: s.name)
-        state = ClusterState.from_nodes(
-            [with_pool_price(spec, prices, self.pool_label) for spec in nodes]
-        )
+        nodes = [
+            with_pool_price(spec, prices, self.pool_label)
+            for spec in sorted(specs.values(), key=lambda s: s.name)
+        ]
+        listed = self._seen.state if self._seen is not None and not self._learned else None
+        if listed is not None and listed.names == [n.name for n in nodes]:
+            # The listing's own state holds these nodes with the pods bound as the engine
+            # bound them: a copy, priced, is the same state without binding 150,000 pods
+            # again (what a rebuild cost at 5,000 nodes each time the cluster changed).
+            state = listed.copy()
+            state.set_prices(nodes)
+            known: tuple[Bound, ...] = tuple(self._placed.values())
+        else:
+            state = ClusterState.from_nodes(nodes)
+            known = (*self._observed.values(), *self._placed.values())
         index = {name: i for i, name in enumerate(state.names)}
         state.set_draining(index[name] for name in self._draining if name in index)
-        for bound in (*self._observed.values(), *self._placed.values()):
+        for bound in known:
             n = index.get(bound.node)
             if n is None or bound.job.id in state.jobs or bound.job.problem() is not None:
                 continue
