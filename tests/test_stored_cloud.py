@@ -60,6 +60,16 @@ def test_first_open_makes_the_initial_sizes_booted(tmp_path: Path) -> None:
     assert json.loads((tmp_path / FILENAME).read_text())["next_id"] == 4
 
 
+def test_reading_writes_nothing(tmp_path: Path) -> None:
+    clock = Clock()
+    cloud = _open(tmp_path, clock)
+    cloud.node_groups()[0].increase_size(1)
+    written = (tmp_path / FILENAME).stat().st_mtime_ns, (tmp_path / FILENAME).read_text()
+    clock.wait(600)  # the node boots meanwhile: a change of status, not of state
+    assert [n.status for n in cloud.node_groups()[0].nodes()] == [NodeStatus.READY]
+    assert ((tmp_path / FILENAME).stat().st_mtime_ns, (tmp_path / FILENAME).read_text()) == written
+
+
 def test_another_process_sees_what_one_did(tmp_path: Path) -> None:
     """Two opens of one state directory (the loop and the service) are one cloud."""
     clock = Clock()
