@@ -2,8 +2,9 @@
 
 The fake API server of `loop_api` serves N nodes and M pods (`loop_cluster`) from a child
 process over loopback. The loop starts as `gpuscale scale` starts: a simulated cloud whose
-nodes are the GPU nodes of the cluster (their providerIDs name them), a telemetry store
-with half an hour of demand, and the process's watched cluster cache. Measured:
+nodes are the GPU nodes of the cluster (their providerIDs name them; in memory, see
+`_cloud`), a telemetry store with half an hour of demand, and the process's watched
+cluster cache. Measured:
 
 - the first list (the cache's pages of nodes and pods, read from raw JSON) and the first
   snapshot built from it;
@@ -27,7 +28,7 @@ import tempfile
 import time
 from collections import Counter
 from collections.abc import Callable
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
@@ -43,6 +44,7 @@ from scaler.evaluation.loop_api import ApiProcess
 from scaler.evaluation.loop_cluster import pod_object, pool_sizes
 from scaler.kube.observed import ObservedCluster
 from scaler.kube.watched import WatchedCluster, forget_watched, watched_cluster
+from scaler.providers.simulated import SimulatedCloud
 
 GPU_POOLS = ("a100", "h100")
 
@@ -120,13 +122,19 @@ def _config(state_dir: Path, nodes: int, host: str | None) -> LiveConfig:
     return LiveConfig.model_validate(raw)
 
 
-def _cloud_names(config: LiveConfig) -> dict[str, list[str]]:
-    """The simulated cloud's node names per pool, as `LiveSystem.build` will make them."""
-    system = LiveSystem.build(config)
-    try:
-        return {g.id(): [n.name for n in g.nodes()] for g in system.provider.node_groups()}
-    finally:
-        system.close()
+def _cloud(config: LiveConfig) -> SimulatedCloud:
+    """The simulated cloud in memory, its pools at their initial sizes, booted. The live
+    system's own (`StoredCloud`) keeps its state in a file it reads and writes whole on
+    every call, as a real cloud outlives the process: at 3,333 nodes that is a second of
+    each pass, a cost of the stand-in cloud, which a real provider's API calls replace."""
+    sim = config.provider.simulated
+    cloud = SimulatedCloud(config.pools, sim, start=datetime.now(UTC).replace(tzinfo=None))
+    for group in cloud.node_groups():
+        size = sim.initial_sizes.get(group.id(), 0)
+        if size:
+            group.increase_size(size)
+    cloud.advance(max((p.boot_seconds for p in config.pools), default=0.0) + 1.0)
+    return cloud
 
 
 def _seed_demand(config: LiveConfig, nodes: int, now: datetime) -> None:
@@ -174,11 +182,12 @@ def run_loop_bench(
 ) -> LoopBenchResult:
     with tempfile.TemporaryDirectory(prefix="gpuscale-bench-loop-") as tmp:
         state_dir = Path(tmp) / "state"
-        names_of = _cloud_names(_config(Path(tmp) / "names", nodes, None))
+        cloud = _cloud(_config(state_dir, nodes, None))
+        names_of = {g.id(): [n.name for n in g.nodes()] for g in cloud.node_groups()}
         progress(f"generating {nodes} nodes and {pods} pods in the API server's process")
         api = ApiProcess(nodes, pods, seed, names_of)
         config = _config(state_dir, nodes, api.url)
-        system = LiveSystem.build(config)
+        system = replace(LiveSystem.build(config), provider=cloud)
         watched: WatchedCluster | None = None
         try:
             _seed_demand(config, nodes, datetime.now(UTC).replace(tzinfo=None))
