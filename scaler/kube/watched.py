@@ -41,7 +41,7 @@ from predictor.telemetry.watch_cache import (
     shared_cache,
 )
 from scaler.cluster.job import Job
-from scaler.cluster.snapshot import ClusterState, NodeSpec
+from scaler.cluster.snapshot import Allocation, ClusterState, NodeSpec
 from scaler.kube.drainability import NO_BUDGETS, SystemBudgets
 from scaler.kube.errors import KubeError
 from scaler.kube.moves import PlannedMove, read_moves
@@ -343,8 +343,8 @@ class WatchedCluster:
 
 
 def _carry(old: ClusterState, new: ClusterState, kept: list[tuple[int, int]]) -> None:
-    """Copy the rows and jobs of the `kept` nodes ((old index, new index) pairs, same spec)
-    from `old` into the freshly laid out `new`."""
+    """Move the rows and jobs of the `kept` nodes ((old index, new index) pairs, same spec)
+    from `old`, which is discarded after, into the freshly laid out `new`."""
     if not kept:
         return
     src = [o for o, _ in kept]
@@ -353,15 +353,18 @@ def _carry(old: ClusterState, new: ClusterState, kept: list[tuple[int, int]]) ->
     for name in ("cpu_free", "mem_free", "full_free", "max_free", "shape_counts", "draining"):
         getattr(new, name)[dst] = getattr(old, name)[src]
     new.gpu_free[dst, :width] = old.gpu_free[src, :width]
-    moved = dict(kept)
     for o, n in kept:
-        new.node_jobs[n] = set(old.node_jobs[o])
+        new.node_jobs[n] = old.node_jobs[o]
         if o in old.mig_used and n in new.mig_used:
-            new.mig_used[n] = old.mig_used[o].copy()
-    for job_id, allocation in old.jobs.items():
-        n = moved.get(allocation.node)
-        if n is not None:
-            new.jobs[job_id] = allocation if n == allocation.node else replace(allocation, node=n)
+            new.mig_used[n] = old.mig_used[o]
+    moved = dict(kept)
+    if len(kept) == old.size and all(o == n for o, n in kept):
+        new.jobs = old.jobs  # nodes only added after the old ones: every job stays put
+    else:
+        for job_id, a in old.jobs.items():
+            n = moved.get(a.node)
+            if n is not None:
+                new.jobs[job_id] = a if n == a.node else Allocation(a.job, n, a.gpus, a.since_s)
     if new.rack_jobs is not None and new.rack_id is not None:
         for n, jobs in enumerate(new.node_jobs):
             if new.rack_id[n] >= 0:
