@@ -42,26 +42,59 @@ def filter_nodes(state: ClusterState, job: Job, candidates: Sequence[str]) -> Fi
     with why; names the state does not know fail."""
     index = {name: i for i, name in enumerate(state.names)}
     problem = job.problem()
-    fits = feasible(state, job) if problem is None else np.zeros(state.size, dtype=bool)
-    admitted = admits(state, job)  # once, not once per node that fails
     passing: list[str] = []
     failed: dict[str, str] = {}
     unresolvable: dict[str, str] = {}
-    for name in candidates:
-        n = index.get(name)
-        if problem is not None:
-            unresolvable[name] = f"the pod's request is malformed: {problem}"
-        elif n is None:
+    if problem is not None:
+        why = f"the pod's request is malformed: {problem}"
+        return FilterResult([], {}, dict.fromkeys(candidates, why))
+    fits = feasible(state, job)
+    known = [(name, index.get(name)) for name in candidates]
+    bad = [n for _, n in known if n is not None and not fits[n]]
+    reasons = dict(zip(bad, why_not(state, job, bad), strict=True))
+    for name, n in known:
+        if n is None:
             failed[name] = "node unknown to gpuscale"
         elif fits[n]:
             passing.append(name)
         else:
-            never = never_on(state, job, n, admitted)
-            if never:
-                unresolvable[name] = never
-            else:
-                failed[name] = full_now(state, job, n)
+            never, why = reasons[n]
+            (unresolvable if never else failed)[name] = why
     return FilterResult(passing, failed, unresolvable)
+
+
+def why_not(state: ClusterState, job: Job, nodes: Sequence[int]) -> list[tuple[bool, str]]:
+    """(never, why) for each of `nodes` that cannot take `job` now: `never_on`'s reason
+    where it could never hold it, else `full_now`'s. The same reasons, read off whole-
+    cluster masks once rather than node by node (the filter at 5,000 candidates)."""
+    if job.mig_profile is not None:  # per node: instance counts differ by layout
+        admitted = admits(state, job)
+        out = []
+        for n in nodes:
+            never = never_on(state, job, n, admitted)
+            out.append((True, never) if never else (False, full_now(state, job, n)))
+        return out
+    admitted = admits(state, job).tolist()
+    cordoned = state.cordoned.tolist()
+    small = ((state.cpu_cap < job.cpu_milli) | (state.mem_cap < job.memory_mib)).tolist()
+    model_ok = state.model_mask(job.gpu_models).tolist() if job.num_gpu else None
+    wanted = "|".join(sorted(job.gpu_models))
+    out: list[tuple[bool, str]] = []
+    for n in nodes:
+        if cordoned[n]:
+            out.append((True, "node is cordoned"))
+        elif not admitted[n]:
+            out.append((True, "node selector, taints or spread rule exclude this node"))
+        elif model_ok is not None and not model_ok[n]:
+            have = state.models[state.model_id[n]] if state.model_id[n] >= 0 else "none"
+            out.append((True, f"node has GPU model {have}, job wants {wanted}"))
+        elif job.num_gpu and state.gpu_count[n] < job.num_gpu:
+            out.append((True, f"node has {state.gpu_count[n]} GPUs, job needs {job.num_gpu}"))
+        elif small[n]:
+            out.append((True, "node has less CPU or memory in all than the job asks"))
+        else:
+            out.append((False, full_now(state, job, n)))
+    return out
 
 
 def rank(
