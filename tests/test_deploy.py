@@ -620,8 +620,8 @@ def _api_methods() -> set[str]:
 
 def code_calls() -> dict[str, set[str]]:
     """Kubernetes client methods each source module calls or hands to a watch ("+watch"):
-    the client's Watch, or an informer (`predictor.telemetry.kubernetes.Informer`: list,
-    then watch)."""
+    the client's Watch, or an informer (`predictor.telemetry.kubernetes.Informer`, the
+    cluster cache's `Reflector`: list, then watch)."""
     methods = _api_methods() - {"get_api_resources", "get_code"}
     found: dict[str, set[str]] = {}
     for package in ("scaler", "predictor"):
@@ -632,7 +632,7 @@ def code_calls() -> dict[str, set[str]]:
             }
             watched = any(
                 (isinstance(n, ast.Attribute) and n.attr == "Watch")
-                or (isinstance(n, ast.Name) and n.id == "Informer")
+                or (isinstance(n, ast.Name) and n.id in ("Informer", "Reflector"))
                 for n in ast.walk(tree)
             )
             if names:

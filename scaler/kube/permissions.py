@@ -112,10 +112,11 @@ def permissions_of(module: str, method: str) -> tuple[Permission, ...]:
 
 
 # The modules whose API calls each deployed component makes. The scaler pod runs the
-# reconcile loop and, beside it, a collector reading demand from the API server (informers:
-# list + watch); `gpuscale defrag` runs with the scaler's account (evictions, the move
-# notes on nodes, the MIG manager's node labels). The service lists the cluster for
-# placement, binds for kube-scheduler and observes the fleet for /v1/plan. The node
+# reconcile loop, reading the cluster through the process's watched cache
+# (`predictor.telemetry.watch_cache`: list + watch), and beside it a collector reading
+# demand from the API server (informers: list + watch); `gpuscale defrag` runs with the scaler's account (evictions, the move
+# notes on nodes, the MIG manager's node labels). The service reads the cluster through
+# the same kind of cache for placement, binds for kube-scheduler and observes the fleet for /v1/plan. The node
 # collector (NVML) talks to no API server.
 COMPONENT_MODULES: dict[str, tuple[str, ...]] = {
     "scaler": (
@@ -136,6 +137,7 @@ COMPONENT_MODULES: dict[str, tuple[str, ...]] = {
         "predictor/telemetry/kubernetes.py",
         "predictor/telemetry/kueue.py",
         "predictor/telemetry/scheduled_jobs.py",
+        "predictor/telemetry/watch_cache.py",
     ),
     "service": (
         "scaler/service/cluster.py",
@@ -147,6 +149,7 @@ COMPONENT_MODULES: dict[str, tuple[str, ...]] = {
         "scaler/providers/autoscaler.py",
         "scaler/kube/kueue.py",
         "scaler/kube/cronjobs.py",
+        "predictor/telemetry/watch_cache.py",
     ),
     "collector": (),
 }
