@@ -312,3 +312,46 @@ def test_readyz_is_false_until_the_first_list_lands(fake, tmp_path) -> None:
         from scaler.kube.watched import forget_watched, watched_cluster
 
         forget_watched(watched_cluster(app.state.context.system.kube, KUBE_NAMES))
+
+
+def test_a_stale_cache_holds_the_loops_scale_downs_and_says_why(cluster, tmp_path) -> None:
+    import pandas as pd
+    from live_fixtures import fast_policy
+
+    from predictor.telemetry.store import TelemetryStore
+    from scaler.controller.config import LiveConfig
+    from scaler.controller.reconcile import Reconciler
+    from scaler.controller.system import LiveSystem
+
+    fake, _, watch = cluster
+    for i in range(4):  # the simulated cloud's four nodes, registered and idle
+        fake.create("nodes", node_object(f"gpu-{i}", "a100", random.Random(i), f"a100-{i:06d}"))
+    watched = watch(stale_after_s=0.2)
+    config = LiveConfig(
+        state_dir=tmp_path / "state",
+        pools=[pool(min_size=0)],
+        provider={"kind": "simulated", "simulated": {"initial_sizes": {"a100": 4}}},
+        kubernetes={"host": fake.url, "pre_position": "none"},
+        model={"name": "persistence"},
+        policy=fast_policy(60.0),
+        demand={"stale_after_s": 300},
+    )
+    end = pd.Timestamp.now(tz="UTC").tz_localize(None).floor("60s")
+    ds = pd.date_range(end=end, periods=120, freq="60s")
+    TelemetryStore(config.state_dir).append(pd.DataFrame({"unique_id": "a100", "ds": ds, "y": 8.0}))
+    system = LiveSystem.build(config)
+    try:
+        loop = Reconciler(system, observe=watched)
+        fresh = loop.decide()
+        assert fresh.desired["a100"] < 4 and fresh.held == {}, fresh.plan.decisions
+        fake.refusals["pods"] = 500
+        for kind in watched.cache.kinds:
+            kind.stop()  # the watches break and cannot come back
+        deadline = time.monotonic() + 10
+        while watched().stale is None and time.monotonic() < deadline:
+            time.sleep(0.05)
+        held = loop.decide()
+        assert held.desired["a100"] == 4
+        assert "cluster cache stale: a watch has been down" in held.held["a100"]
+    finally:
+        system.close()
