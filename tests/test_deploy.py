@@ -257,9 +257,9 @@ def test_custom_resource_rules_only_for_the_setup_using_them() -> None:
 
 @pytest.mark.parametrize("setup", sorted(SETUPS))
 def test_every_setup_lets_the_scaler_and_the_service_read_cron_jobs(setup: str) -> None:
-    """Scheduled jobs are known demand in every setup: the loop lists the CronJobs each
-    pass and its collector watches them; /v1/plan lists them as the loop does. Nothing
-    more: gpuscale never writes a CronJob."""
+    """Scheduled jobs are known demand in every setup: the loop's cluster cache and its
+    collector watch the CronJobs; /v1/plan reads them as the loop does, through the
+    service's cache. Nothing more: gpuscale never writes a CronJob."""
     docs = setup_docs(setup)
 
     def cron_job_verbs(name: str) -> set[str]:
@@ -272,10 +272,13 @@ def test_every_setup_lets_the_scaler_and_the_service_read_cron_jobs(setup: str) 
         }
 
     assert cron_job_verbs("gpuscale-scaler") == {"list", "watch"}
-    assert cron_job_verbs("gpuscale-service") == {"list"}
+    assert cron_job_verbs("gpuscale-service") == {"list", "watch"}
     scan = code_calls()
     assert "+watch" in scan["predictor/telemetry/scheduled_jobs.py"]  # through its informer
-    assert "list_cron_job_for_all_namespaces" in scan["scaler/kube/cronjobs.py"]
+    assert {"+watch", "list_cron_job_for_all_namespaces"} <= scan[
+        "predictor/telemetry/watch_cache.py"
+    ]
+    assert "list_cron_job_for_all_namespaces" in scan["scaler/kube/cronjobs.py"]  # no cache
 
 
 def test_validator_rejects_a_broken_manifest(docs: list[dict[str, Any]]) -> None:
