@@ -65,10 +65,11 @@ def bench_loop(
             "nodes / pods (GPU pods, pending)",
             f"{result.nodes} / {result.pods} ({result.gpu_pods}, {result.pending_pods})",
         ),
-        ("first list", f"{result.first_list_s:.2f} s"),
+        ("first list (CPU)", f"{result.first_list_s:.2f} s ({result.first_list_cpu_s:.2f} s)"),
         ("first snapshot", f"{result.first_snapshot_s:.2f} s"),
         ("first pass", f"{result.first_pass_s:.2f} s"),
         ("pass, median / p95", f"{result.pass_median_s:.3f} / {result.pass_p95_s:.3f} s"),
+        ("  CPU time, median", f"{result.pass_cpu_median_s:.3f} s"),
         ("  snapshot update, median", f"{result.update_median_s:.3f} s"),
         ("  deciding, median / p95", f"{result.decide_median_s:.3f} / {result.decide_p95_s:.3f} s"),
         (
