@@ -4,7 +4,7 @@ envelope, and the job-level comparison. Each function writes one file and return
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from types import ModuleType
 
@@ -173,6 +173,53 @@ def jobs_plot(comparison: WorkloadComparison, path: Path) -> Path:
     waits.set_ylabel("share of jobs")
     waits.legend(fontsize=8)
     return _save(plt, fig, path, 110)
+
+
+def job_frontier_plot(rows: Sequence[Mapping[str, object]], path: Path) -> Path:
+    """GPU-hours paid against GPU-minutes waited, one point per run of a job-level
+    comparison: reactive, reactive plus k spare nodes per pool (a line through k), the
+    spares tuned per pool (a line through their settings) and predictive at each knob
+    (a line, the default marked)."""
+    plt = _pyplot()
+    fig, ax = plt.subplots(figsize=(9, 6), layout="constrained")
+
+    def line(mode: str, color: str, marker: str, label: str, tag: Callable[[Mapping], str]):
+        mine = sorted(
+            (r for r in rows if r["mode"] == mode),
+            key=lambda r: (float(r["gpu_minutes_waited"]), float(r["gpu_hours"])),
+        )
+        if not mine:
+            return
+        xs = [float(r["gpu_minutes_waited"]) for r in mine]
+        ys = [float(r["gpu_hours"]) for r in mine]
+        ax.plot(xs, ys, marker=marker, ls="-", ms=6, lw=1.2, color=color, label=label)
+        for r, x, y in zip(mine, xs, ys, strict=True):
+            ax.annotate(tag(r), (x, y), textcoords="offset points", xytext=(5, 4), fontsize=7,
+                        color=color)  # fmt: skip
+
+    line("headroom", COLORS["headroom"], "o", "reactive + k spare nodes per pool (k)",
+         lambda r: f"{int(r['knob'])}")  # fmt: skip
+    tuned = [r for r in rows if r["mode"] == "headroom-tuned"]
+    order = "/".join(sorted(tuned[0]["spares"])) if tuned else ""
+    line("headroom-tuned", "#2ca02c", "s", f"spares tuned per pool on the week before ({order})",
+         lambda r: "/".join(f"{k}" for _, k in sorted(r["spares"].items())))  # fmt: skip
+    line("predictive", COLORS["predictive"], "D", "predictive (knob job_wait_share)",
+         lambda r: f"{r['knob']:g}")  # fmt: skip
+    for r in rows:
+        if r["mode"] == "reactive":
+            ax.plot(float(r["gpu_minutes_waited"]), float(r["gpu_hours"]), "X", ms=10,
+                    color=COLORS["reactive"], label="reactive (Cluster Autoscaler)")  # fmt: skip
+        if r["mode"] == "predictive" and r["default"]:
+            ax.plot(float(r["gpu_minutes_waited"]), float(r["gpu_hours"]), "*", ms=18,
+                    color=COLORS["predictive"], mec="black",
+                    label="predictive, default")  # fmt: skip
+    ax.set_xlim(left=0)
+    ax.set_xlabel("GPU-minutes waited for capacity (GPUs x minutes)")
+    ax.set_ylabel("GPU-hours paid (GPUs of the nodes paid x hours)")
+    ax.set_title("Cost against waiting, one point per replay: lower left is better")
+    ax.grid(alpha=0.3)
+    ax.legend(fontsize=8)
+    return _save(plt, fig, path, 120)
 
 
 def _gpn(comparison: WorkloadComparison, pool: str) -> int:
