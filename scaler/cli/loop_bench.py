@@ -87,6 +87,7 @@ def bench_loop(
             ("  filter p50 / p99", f"{e.filter_p50_ms:.1f} / {e.filter_p99_ms:.1f} ms"),
             ("  prioritize p50 / p99", f"{e.prioritize_p50_ms:.1f} / {e.prioritize_p99_ms:.1f} ms"),
             ("  filter + prioritize p50 / p99", f"{e.both_p50_ms:.1f} / {e.both_p99_ms:.1f} ms"),
+            ("    CPU time p50 / p99", f"{e.both_cpu_p50_ms:.1f} / {e.both_cpu_p99_ms:.1f} ms"),
         ]
     from rich.table import Table
 
