@@ -114,10 +114,11 @@ def permissions_of(module: str, method: str) -> tuple[Permission, ...]:
 # The modules whose API calls each deployed component makes. The scaler pod runs the
 # reconcile loop, reading the cluster through the process's watched cache
 # (`predictor.telemetry.watch_cache`: list + watch), and beside it a collector reading
-# demand from the API server (informers: list + watch); `gpuscale defrag` runs with the scaler's account (evictions, the move
-# notes on nodes, the MIG manager's node labels). The service reads the cluster through
-# the same kind of cache for placement, binds for kube-scheduler and observes the fleet for /v1/plan. The node
-# collector (NVML) talks to no API server.
+# demand from the API server (informers: list + watch); `gpuscale defrag` runs with the
+# scaler's account (evictions, the move notes on nodes, the MIG manager's node labels). The
+# service reads the cluster through the same kind of cache for placement, binds for
+# kube-scheduler and observes the fleet for /v1/plan. The node collector (NVML) talks to no
+# API server.
 COMPONENT_MODULES: dict[str, tuple[str, ...]] = {
     "scaler": (
         "scaler/controller/leader.py",
