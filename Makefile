@@ -20,6 +20,7 @@ demo: $(STAMP)
 test: $(STAMP)
 	$(BIN)/ruff check predictor scaler tests
 	$(BIN)/bandit -q -c pyproject.toml -r predictor scaler
+	NO_MKDOCS_2_WARNING=1 $(BIN)/mkdocs build --strict -q
 	$(BIN)/python -m pytest -q -ra
 
 lint: $(STAMP)
@@ -27,4 +28,4 @@ lint: $(STAMP)
 	$(BIN)/ruff format --check predictor scaler tests
 
 clean:
-	rm -rf $(VENV) reports .pytest_cache
+	rm -rf $(VENV) reports .pytest_cache site
