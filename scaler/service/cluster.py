@@ -19,6 +19,7 @@ metrics' gauges).
 
 from __future__ import annotations
 
+import gc
 import threading
 import time
 from collections import OrderedDict
@@ -325,6 +326,7 @@ class LiveCluster:
             except ValueError:
                 continue
         self._state = state
+        gc.freeze()  # long-lived and acyclic, as the watched snapshot (scaler.kube.watched)
 
 
 def _from_listing(
