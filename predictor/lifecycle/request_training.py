@@ -30,10 +30,11 @@ from predictor.foundation.errors import InputError
 from predictor.lifecycle.registry import REJECTED_SUFFIX, ModelRecord, ModelRegistry, Superseded
 from predictor.models.requests import (
     HORIZON_MINUTES,
+    HeldOut,
     RequestForecaster,
     RequestHistory,
     RequestParams,
-    seasonal_deviance,
+    holdout_split,
 )
 from predictor.telemetry.store import TelemetryStore
 
@@ -132,15 +133,15 @@ def retrain_requests(
     if candidate.backtest is None:
         raise InputError("the request model's history leaves no hours to backtest on")
     length = min(len(h) for h in histories.values())
-    cut = round(length * (1 - HOLDOUT))
+    cut = holdout_split(inputs, HOLDOUT)
     held_from = min(h.at(cut) for h in histories.values())
     seasonal = dict(candidate.backtest.seasonal)
     mine = dict(candidate.backtest.model)
     served = None
     if current is not None:
         incumbent = _judged_form(registry, current, inputs, cut, held_from)
-        served = incumbent.deviance(inputs, cut, length)
-    better_than_table = sum(mine.values()) < sum(seasonal.values())
+        served = HeldOut.of(inputs, cut, length).model(incumbent)
+    better_than_table = candidate.backtest.better
     better_than_served = served is None or sum(mine.values()) < sum(served.values())
     reason = (
         f"Poisson deviance {sum(mine.values()):.4g} against the seasonal table's"
@@ -154,10 +155,8 @@ def retrain_requests(
         reason = f"does not beat the served version {current.version}: {reason}"
     else:
         reason = f"beats the table{'' if served is None else ' and the served model'}: {reason}"
-    later = {
-        "candidate": candidate.deviance(inputs, cut, length, HORIZON_MINUTES),
-        "seasonal": seasonal_deviance(inputs, cut, length, HORIZON_MINUTES),
-    }
+    hour_after = HeldOut.of(inputs, cut, length, HORIZON_MINUTES)
+    later = {"candidate": hour_after.model(candidate), "seasonal": hour_after.seasonal()}
     metadata = {
         "model": "requests",
         "params": vars(candidate.params),

@@ -237,25 +237,47 @@ class RequestBacktest:
         }
 
 
-def seasonal_deviance(
-    pools: Mapping[str, tuple[RequestHistory, float]], first: int, last: int, later: float = 0.0
-) -> dict[str, float]:
-    """Per pool the seasonal table's Poisson deviance on the anchors in [first, last), for
-    the hour starting a boot plus `later` minutes ahead (the baseline every model is judged
-    against)."""
-    x, y, names = _rows(pools, first, last, later)
-    return _per_pool(y, x[:, SEASONAL] if len(y) else y, names, pools)
+def holdout_split(pools: Mapping[str, tuple[RequestHistory, float]], holdout: float) -> int:
+    """The minute the held-out last `holdout` of the pools' common history starts."""
+    return round(min(len(h) for h, _ in pools.values()) * (1 - holdout))
 
 
-def _per_pool(
-    actual: np.ndarray, predicted: np.ndarray, names: list[str], pools: Mapping[str, object]
-) -> dict[str, float]:
-    tags = np.asarray(names)
-    return {
-        n: poisson_deviance(actual[tags == n], predicted[tags == n])
-        for n in pools
-        if (tags == n).any()
-    }
+@dataclass(frozen=True)
+class HeldOut:
+    """The anchors in [first, last) for the hour starting a boot plus `later` minutes
+    ahead, built once for every forecast judged on them (the table, a candidate, the
+    served model); each judged by its Poisson deviance per pool."""
+
+    x: np.ndarray
+    y: np.ndarray
+    names: list[str]
+
+    @classmethod
+    def of(
+        cls,
+        pools: Mapping[str, tuple[RequestHistory, float]],
+        first: int,
+        last: int,
+        later: float = 0.0,
+    ) -> HeldOut:
+        return cls(*_rows(pools, first, last, later))
+
+    def __len__(self) -> int:
+        return len(self.y)
+
+    def seasonal(self) -> dict[str, float]:
+        """The seasonal table's deviance: the baseline every model is judged against."""
+        return self._per_pool(self.x[:, SEASONAL] if len(self) else self.y)
+
+    def model(self, forecaster: RequestForecaster) -> dict[str, float]:
+        return self._per_pool(_predict(forecaster.booster, self.x) if len(self) else self.y)
+
+    def _per_pool(self, predicted: np.ndarray) -> dict[str, float]:
+        tags = np.asarray(self.names)
+        return {
+            n: poisson_deviance(self.y[tags == n], predicted[tags == n])
+            for n in dict.fromkeys(self.names)
+        }
 
 
 @dataclass(frozen=True)
@@ -280,7 +302,7 @@ class RequestForecaster:
         all of it. Raises InputError on too little history."""
         params = params or RequestParams()
         length = min(len(h) for h, _ in pools.values())
-        cut = round(length * (1 - holdout))
+        cut = holdout_split(pools, holdout)
         x, y, _ = _rows(pools, 0, cut)
         if len(y) < params.min_rows:
             raise InputError(
@@ -289,25 +311,13 @@ class RequestForecaster:
                 f" pool history); got {len(y)}"
             )
         backtest = None
-        held = cls(_booster(x, y, params), params).deviance(pools, cut, length)
-        if held:
-            anchors = len(_rows(pools, cut, length)[1])
-            backtest = RequestBacktest(held, seasonal_deviance(pools, cut, length), anchors)
+        held = HeldOut.of(pools, cut, length)
+        if len(held):
+            before = cls(_booster(x, y, params), params)
+            backtest = RequestBacktest(held.model(before), held.seasonal(), len(held))
         all_x, all_y, _ = _rows(pools, 0, length)
         end = max(h.at(len(h)) for h, _ in pools.values())
         return cls(_booster(all_x, all_y, params), params, backtest, end)
-
-    def deviance(
-        self,
-        pools: Mapping[str, tuple[RequestHistory, float]],
-        first: int,
-        last: int,
-        later: float = 0.0,
-    ) -> dict[str, float]:
-        """Per pool this model's Poisson deviance on the anchors in [first, last), for the
-        hour starting a boot plus `later` minutes ahead (as `seasonal_deviance`)."""
-        x, y, names = _rows(pools, first, last, later)
-        return _per_pool(y, _predict(self.booster, x) if len(y) else y, names, pools)
 
     def predict(
         self,
