@@ -148,17 +148,26 @@ def retrain(
             **outcome.current.to_dict(),
         },
     }
-    if as_json:
-        typer.echo(json.dumps(document, indent=2))
+    if _echo_verdict(document, as_json):
         return
-    verdict = "PROMOTED" if outcome.promoted else "KEPT the served model"
-    typer.echo(f"{verdict}: {outcome.reason}")
-    typer.echo(f"candidate stored as {document['stored_as']}")
     for h, value in outcome.candidate.per_horizon.items():
         current = (
             "" if outcome.current is None else f", served {outcome.current.per_horizon[h]:.4g}"
         )
         typer.echo(f"  h={h}: candidate {value:.4g}{current} ({plan.score_name})")
+
+
+def _echo_verdict(document: dict[str, object], as_json: bool) -> bool:
+    """A retrain's outcome: the whole document as JSON (True: nothing more to print), or
+    its verdict and where the candidate was stored, before the per-horizon or per-pool
+    lines."""
+    if as_json:
+        typer.echo(json.dumps(document, indent=2))
+        return True
+    verdict = "PROMOTED" if document["promoted"] else "KEPT the served model"
+    typer.echo(f"{verdict}: {document['reason']}")
+    typer.echo(f"candidate stored as {document['stored_as']}")
+    return False
 
 
 def retrain_requests(
@@ -199,13 +208,8 @@ def retrain_requests(
     outcome = run_retrain(
         TelemetryStore.existing(live.state_dir), ModelRegistry(root), pools, live.model.requests
     )
-    document = outcome.to_dict()
-    if as_json:
-        typer.echo(json.dumps(document, indent=2))
+    if _echo_verdict(outcome.to_dict(), as_json):
         return
-    verdict = "PROMOTED" if outcome.promoted else "KEPT the served model"
-    typer.echo(f"{verdict}: {outcome.reason}")
-    typer.echo(f"candidate stored as {document['stored_as']}")
     for pool, value in outcome.candidate.items():
         served = "" if outcome.served is None else f", served {outcome.served.get(pool, 0):.4g}"
         typer.echo(
