@@ -327,8 +327,9 @@ def _write_report(
     reactive, predictive = scaling["reactive"], scaling["predictive"]
     lines += [
         "",
-        single + beaten,
-        f" Against reactive the default pays {_pct_more(figures['gpu_hours_extra'])} "
+        single
+        + beaten
+        + f" Against reactive the default pays {_pct_more(figures['gpu_hours_extra'])} "
         f"GPU-hours and its jobs wait {_wait_change(predictive, reactive)}; its p95 wait for "
         f"capacity is {predictive['wait_p95_min']:.1f} minutes against "
         f"{reactive['wait_p95_min']:.1f}.",
