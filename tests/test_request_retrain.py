@@ -20,7 +20,8 @@ from predictor.models.requests import RequestParams
 from predictor.telemetry.store import TelemetryStore
 from scaler.cli import app
 from scaler.controller.config import ModelSection, load_live_config
-from scaler.controller.request_model import ServedRequestModel, with_request_rates
+from scaler.controller.reconcile import with_request_rates
+from scaler.controller.request_model import ServedRequestModel
 from scaler.planning.planner import DemandOutlook
 
 MONDAY = datetime(2024, 1, 1)

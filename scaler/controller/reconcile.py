@@ -80,7 +80,6 @@ from scaler.controller.config import KubernetesSection, kube_names, mix_jobs, wo
 from scaler.controller.fleet import FleetNode, ObservedFleet, observe_fleet
 from scaler.controller.leader import LeaderElector, NotLeader
 from scaler.controller.removal_order import removal_order
-from scaler.controller.request_model import with_request_rates
 from scaler.controller.system import LiveSystem
 from scaler.controller.warm_start import WarmStart, rebuild, stale_state
 from scaler.kube.capacity_buffers import (
@@ -450,6 +449,15 @@ def with_scheduled(
     (`scaler.kube.cronjobs.scheduled_nodes`); a series named otherwise is no one pool's."""
     return tuple(
         replace(o, scheduled=scheduled[o.group]) if o.group in scheduled else o for o in outlooks
+    )
+
+
+def with_request_rates(
+    outlooks: Sequence[DemandOutlook], rates: Mapping[str, float]
+) -> tuple[DemandOutlook, ...]:
+    """The outlooks with the forecast request rate of the pool each is named like."""
+    return tuple(
+        replace(o, request_rate=rates[o.group]) if o.group in rates else o for o in outlooks
     )
 
 

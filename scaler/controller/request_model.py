@@ -12,8 +12,8 @@ keeps its own seasonal table; `source` says which.
 from __future__ import annotations
 
 import logging
-from collections.abc import Mapping, Sequence
-from dataclasses import dataclass, field, replace
+from collections.abc import Sequence
+from dataclasses import dataclass, field
 from datetime import datetime
 
 from predictor.lifecycle.request_training import PoolShape, recent_history
@@ -21,7 +21,6 @@ from predictor.models.requests import DAY_MINUTES, RequestForecaster, SeasonalRe
 from predictor.telemetry.store import TelemetryStore
 from scaler.cluster.pools import NodePool
 from scaler.controller.config import ModelSection
-from scaler.planning.planner import DemandOutlook
 
 log = logging.getLogger(__name__)
 
@@ -83,12 +82,3 @@ class ServedRequestModel:
             found[name] = self.model.predict(history, len(history), boot, table)
         self._step, self._rates = step, found
         return found
-
-
-def with_request_rates(
-    outlooks: Sequence[DemandOutlook], rates: Mapping[str, float]
-) -> tuple[DemandOutlook, ...]:
-    """The outlooks with the forecast request rate of the pool each is named like."""
-    return tuple(
-        replace(o, request_rate=rates[o.group]) if o.group in rates else o for o in outlooks
-    )
