@@ -88,6 +88,13 @@ FAST = {
         " --pods $TRACES/alibaba-openb/openb_pod_list_default.csv --seeds 42"
         " --policies gpuscale --workers 1 --json placement.json"
     ),
+    # A 30-node cluster, not 1,000 to 10,000 (minutes each: docs/large-clusters.md's table).
+    **{
+        f"gpuscale bench loop --nodes {nodes} --pods {pods} --passes 10 --extender-pods 200"
+        f" --json loop-{name}.json": "gpuscale bench loop --nodes 30 --pods 600 --passes 2"
+        f" --extender-pods 5 --json loop-{name}.json"
+        for nodes, pods, name in ((1000, 30000, "1k"), (5000, 150000, "5k"), (10000, 300000, "10k"))
+    },
     "gpuscale bench service --nodes $TRACES/alibaba-openb/openb_node_list_gpu_node.csv": (
         "gpuscale bench service --nodes $TRACES/alibaba-openb/openb_node_list_gpu_node.csv"
         " --seconds 1"
