@@ -110,6 +110,11 @@ REFUSED = {
         "placement.policy",
         "unknown placement policy 'nosuch' (known: random, bestfit,",
     ),
+    "cluster cache bound not positive": (
+        with_(("kubernetes", "cache_stale_after_s"), 0),
+        "kubernetes.cache_stale_after_s",
+        "greater than 0",
+    ),
     "demand group on a GPU model no pool has": (
         with_(("demand", "groups"), {"x": {"gpu_models": ["A100", "Z9000"]}}),
         "demand.groups.x.gpu_models",

@@ -355,3 +355,36 @@ def test_a_stale_cache_holds_the_loops_scale_downs_and_says_why(cluster, tmp_pat
         assert "cluster cache stale: a watch has been down" in held.held["a100"]
     finally:
         system.close()
+
+
+def test_the_configured_stale_bound_reaches_the_loops_cache(fake, tmp_path) -> None:
+    """`kubernetes.cache_stale_after_s` is the bound the loop's watched snapshot checks:
+    at 0.2 s a broken watch makes the snapshot stale within moments (the default 60 s
+    would not)."""
+    from scaler.cli.live import _watched
+    from scaler.controller.config import LiveConfig
+    from scaler.controller.system import LiveSystem
+    from scaler.kube.watched import forget_watched
+
+    fill(fake, 4, 40)
+    config = LiveConfig(
+        state_dir=tmp_path / "state",
+        pools=[pool()],
+        model={"name": "persistence"},
+        kubernetes={"host": fake.url, "pre_position": "none", "cache_stale_after_s": 0.2},
+    )
+    system = LiveSystem.build(config)
+    watched = _watched(system)
+    assert watched is not None
+    try:
+        assert watched.stale_after_s == 0.2 and watched().stale is None
+        fake.refusals["pods"] = 500
+        for kind in watched.cache.kinds:
+            kind.stop()  # the watches break and cannot list again
+        deadline = time.monotonic() + 10
+        while watched().stale is None and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert "cluster cache stale: a watch has been down" in (watched().stale or "")
+    finally:
+        forget_watched(watched)
+        system.close()

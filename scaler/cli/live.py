@@ -332,8 +332,11 @@ def _watched(system: LiveSystem) -> WatchedCluster | None:
     from scaler.controller.config import kube_names
     from scaler.kube.watched import watched_cluster
 
-    timeout = system.config.kubernetes.request_timeout_s
-    watched = watched_cluster(system.kube, kube_names(system.config.kubernetes), timeout)
+    section = system.config.kubernetes
+    timeout = section.request_timeout_s
+    watched = watched_cluster(
+        system.kube, kube_names(section), timeout, section.cache_stale_after_s
+    )
     watched.cache.wait_listed(timeout)
     return watched
 

@@ -53,6 +53,7 @@ from scaler.kube.capacity_buffers import BufferSettings
 from scaler.kube.drainability import DrainRules
 from scaler.kube.mig_manager import MigManagerSettings
 from scaler.kube.placeholders import PlaceholderSettings
+from scaler.kube.watched import STALE_AFTER_S
 from scaler.placement.mix import WorkloadMix
 from scaler.placement.policies import POLICIES
 from scaler.planning.planner import PlannerPolicy, ShortHistory
@@ -189,6 +190,12 @@ class KubernetesSection(KubernetesSettings):
         description="API server URL used without credentials (kubectl proxy); overrides kubeconfig",
     )
     drain: DrainSection = DrainSection()
+    cache_stale_after_s: float = Field(
+        default=STALE_AFTER_S,
+        gt=0,
+        description="a watch of the cluster cache down longer than this makes each pass hold"
+        " its scale-downs (the view may miss a pod a drain would strand); scale-ups go on",
+    )
     pre_position: Literal["placeholders", "capacity-buffer", "none"] = Field(
         default="placeholders",
         description="hold the spare capacity the plan provides: with placeholder pods, with"

@@ -61,7 +61,9 @@ class NotListed(KubeError):
     """The cache's first list has not landed: nothing to read yet (ask again soon)."""
 
 
-STALE_AFTER_S = 60.0  # a watch down longer than this: the view may miss what a scale-down needs
+# The default of `kubernetes.cache_stale_after_s`: a watch down longer than this, the view
+# may miss what a scale-down needs.
+STALE_AFTER_S = 60.0
 
 
 def label_selector(raw: Mapping[str, Any]) -> k8s.V1LabelSelector:
@@ -378,15 +380,20 @@ _WATCHED_LOCK = threading.Lock()
 
 
 def watched_cluster(
-    api: k8s.ApiClient, names: KubeNames, request_timeout_s: float = 10.0
+    api: k8s.ApiClient,
+    names: KubeNames,
+    request_timeout_s: float = 10.0,
+    stale_after_s: float = STALE_AFTER_S,
 ) -> WatchedCluster:
     """The process's watched cluster on the API server `api` talks to (its cache started):
-    `scale` and `serve` in one process read one snapshot of one cache."""
+    `scale` and `serve` in one process read one snapshot of one cache, stale past the
+    bound of the config they share (`kubernetes.cache_stale_after_s`)."""
     cache = shared_cache(api, names, request_timeout_s=request_timeout_s)
     with _WATCHED_LOCK:
         found = _WATCHED.get(id(cache))
         if found is None or found.cache is not cache:
             found = _WATCHED[id(cache)] = WatchedCluster(cache)
+        found.stale_after_s = stale_after_s
         return found
 
 

@@ -50,7 +50,10 @@ def create_app(config: LiveConfig, system: LiveSystem | None = None) -> FastAPI:
     listing = SharedListing(config.placement.sync_s)
     if system.kube is not None and config.kubernetes is not None and not config.placement.nodes:
         watched = watched_cluster(
-            system.kube, kube_names(config.kubernetes), config.kubernetes.request_timeout_s
+            system.kube,
+            kube_names(config.kubernetes),
+            config.kubernetes.request_timeout_s,
+            config.kubernetes.cache_stale_after_s,
         )
         listing = SharedListing(config.placement.sync_s, observe=watched)
         # A small cluster's first list lands in moments: serve it from the first request.
