@@ -313,6 +313,56 @@ def test_watched_demand_follows_pod_changes(cluster) -> None:
         assert time.monotonic() - started < 3  # watches stop promptly
 
 
+def test_the_collector_and_the_loop_in_one_process_share_one_watch(cluster, tmp_path) -> None:
+    """`collect` beside `scale` in one process: both read the process's watched cache, so
+    the API server serves one list and one watch of nodes and of pods, and a change reaches
+    the collector's samples and the loop's snapshot alike; the collector closing leaves
+    the loop its watches."""
+    from live_fixtures import pool
+
+    from scaler.cli.live import _watched
+    from scaler.controller.config import LiveConfig
+    from scaler.controller.system import LiveSystem
+    from scaler.kube.watched import forget_watched
+
+    fake, settings = cluster
+    source = KubernetesSource(settings)
+    source.start()
+    config = LiveConfig(
+        state_dir=tmp_path / "state",
+        pools=[pool()],
+        model={"name": "persistence"},
+        kubernetes={"kubeconfig": settings.kubeconfig, "pre_position": "none"},
+    )
+    system = LiveSystem.build(config)
+    watched = _watched(system)
+    assert watched is not None
+    try:
+        assert watched.cache is source._cache
+        wait_for_demand(source, {"a100": 12.0, "h100": 6.0, UNPOOLED: 1.0})
+        assert {j.id for j in watched().pending} >= {"ml/queued-a", "ml/queued-any"}
+        fake.create("pods", pod("late", (2,), "Pending", selector={POOL: "a100"}))
+        fake.create("nodes", node("h100-2", "h100", "NVIDIA-H100-80GB-HBM3", 4))
+        wait_for_demand(source, {"a100": 14.0, "h100": 6.0, UNPOOLED: 1.0})
+        deadline = time.monotonic() + 10
+        while "ml/late" not in {j.id for j in watched().pending}:
+            assert time.monotonic() < deadline
+            time.sleep(0.05)
+        assert "h100-2" in watched().nodes
+        for kind in ("nodes", "pods"):
+            assert (fake.list_requests(kind), fake.watch_requests(kind)) == (1, 1), kind
+        source.close()
+        fake.delete("pods", "late", "ml")
+        deadline = time.monotonic() + 10
+        while "ml/late" in {j.id for j in watched().pending}:
+            assert time.monotonic() < deadline
+            time.sleep(0.05)
+    finally:
+        source.close()
+        forget_watched(watched)
+        system.close()
+
+
 def test_api_server_down_is_a_source_error_and_a_gap(cluster, tmp_path: Path) -> None:
     fake, settings = cluster
     source = KubernetesSource(settings)

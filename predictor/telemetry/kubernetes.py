@@ -1,9 +1,12 @@
 """Kubernetes as a telemetry source: GPU demand and capacity per node pool.
 
-Nodes and pods are listed once and then WATCHED (an informer: list, then watch from the
-list's resourceVersion, re-list when the server answers 410 Gone), so a long-running
-collector reads a cache the API server keeps current instead of polling it. A one-shot
-sample lists.
+Nodes and pods are read from the process's watched cluster cache (`watch_cache.shared_cache`:
+listed once, then watched from the list's resourceVersion, re-listed on 410 Gone), so a
+long-running collector reads a cache the API server keeps current instead of polling it,
+and a collector in the process of the reconcile loop or the service reads their cache: one
+list and one watch of each kind for all of them. The objects are read once, from their raw
+JSON, by the readers the scaler uses (`kube_objects.read_node`, `read_pod`). A one-shot
+sample lists them (the same reads, no watch).
 
 Demand of a pool, as in the Helios traces, is the GPUs of its running pods plus the GPUs of
 pending pods that want it; a pod sharing a GPU (the GPU-share annotation) counts as its
@@ -35,7 +38,6 @@ from dataclasses import dataclass
 from typing import Any, Generic, TypeVar
 
 import pandas as pd
-import urllib3
 import yaml
 from kubernetes import client as k8s
 from kubernetes import config as k8s_config
@@ -45,7 +47,13 @@ from kubernetes.config.config_exception import ConfigException
 from predictor.foundation.errors import InputError
 from predictor.foundation.problem_log import ProblemLog
 from predictor.telemetry.config import KubernetesSettings
-from predictor.telemetry.kube_objects import KubeNames, mig_gpus, read_node, read_pod
+from predictor.telemetry.kube_objects import (
+    KubeNames,
+    NodeFacts,
+    PodRequest,
+    mig_gpus,
+    read_pod,
+)
 from predictor.telemetry.kueue import (
     CLUSTER_QUEUES,
     FLAVORS,
@@ -58,12 +66,12 @@ from predictor.telemetry.kueue import (
     read_queues,
 )
 from predictor.telemetry.sources import MetricBatch, Source, SourceError
+from predictor.telemetry.watch_cache import API_ERRORS, ClusterCache, release_shared, shared_cache
 
 log = logging.getLogger(__name__)
 
 UNPOOLED = "unpooled"
 T = TypeVar("T")
-_API_ERRORS = (k8s.ApiException, urllib3.exceptions.HTTPError, OSError, ValueError)
 
 
 @dataclass(frozen=True)
@@ -141,10 +149,9 @@ def kube_names(settings: KubernetesSettings) -> KubeNames:
     )
 
 
-def parse_node(node: Mapping[str, Any], names: KubeNames) -> GpuNode:
-    """A node in its JSON form, as telemetry counts it: its whole GPUs and its MIG
-    instances in GPU equivalents."""
-    facts = read_node(node, names)
+def gpu_node(facts: NodeFacts) -> GpuNode:
+    """A node as telemetry counts it: its whole GPUs and its MIG instances in GPU
+    equivalents."""
     return GpuNode(
         name=facts.name,
         pool=facts.pool or UNPOOLED,
@@ -155,10 +162,13 @@ def parse_node(node: Mapping[str, Any], names: KubeNames) -> GpuNode:
 
 
 def parse_pod(pod: Mapping[str, Any], names: KubeNames) -> GpuPod:
-    """A pod in its JSON form, as telemetry counts it: its GPUs with a shared GPU counted
-    as its share and MIG instances as GPU equivalents, and none for gpuscale's own
-    placeholders."""
-    request = read_pod(pod, names)
+    """A pod in its JSON form, as telemetry counts it (`gpu_pod`)."""
+    return gpu_pod(read_pod(pod, names))
+
+
+def gpu_pod(request: PodRequest) -> GpuPod:
+    """A pod as telemetry counts it: its GPUs with a shared GPU counted as its share and
+    MIG instances as GPU equivalents, and none for gpuscale's own placeholders."""
     return GpuPod(
         namespace=request.namespace,
         name=request.name,
@@ -269,7 +279,7 @@ class Informer(Generic[T]):
         """List everything: the cache becomes exactly the server's state."""
         try:
             listing = self._list(_request_timeout=self._settings.request_timeout_s)
-        except _API_ERRORS as exc:
+        except API_ERRORS as exc:
             self.error = f"list {self.kind}: {exc}"
             raise SourceError(self.error) from exc
         found = listing.get("items") if isinstance(listing, dict) else listing.items
@@ -325,7 +335,7 @@ class Informer(Generic[T]):
                     log.info("%s: listed %d", self.kind, len(self._items))
                 self.watch_once()
                 delay = backoff_s
-            except (SourceError, *_API_ERRORS) as exc:
+            except (SourceError, *API_ERRORS) as exc:
                 if stop.is_set():
                     break
                 if self.error is None:
@@ -353,27 +363,17 @@ def _meta(obj: Any) -> tuple[str, str, str | None]:
 
 
 class KubernetesSource(Source):
-    """GPU demand, capacity and node count per pool, from nodes and pods."""
+    """GPU demand, capacity and node count per pool, from the nodes and unfinished pods of
+    the process's watched cluster cache (once started; a one-shot sample lists them)."""
 
     name = "kubernetes"
 
     def __init__(self, settings: KubernetesSettings, client: k8s.ApiClient | None = None) -> None:
         self.settings = settings
         self._client = client or api_client(settings)
-        core = k8s.CoreV1Api(self._client)
-        names = kube_names(settings)
-        as_json = self._client.sanitize_for_serialization
-        self.nodes = Informer(
-            "nodes", core.list_node, lambda n: parse_node(as_json(n), names), settings
-        )
-        self.pods = Informer(
-            "pods",
-            core.list_pod_for_all_namespaces,
-            lambda p: parse_pod(as_json(p), names),
-            settings,
-        )
-        self._names = names
-        self.informers: list[Informer[Any]] = [self.nodes, self.pods]
+        self._names = kube_names(settings)
+        self._cache: ClusterCache | None = None
+        self.informers: list[Informer[Any]] = []
         if settings.kueue:
             # Kept as they come: a Workload is read against the flavors and queues when
             # sampled.
@@ -392,12 +392,18 @@ class KubernetesSource(Source):
                 limit=1, _request_timeout=self.settings.request_timeout_s
             )
             return True
-        except _API_ERRORS:
+        except API_ERRORS:
             return False
 
     def start(self) -> None:
-        """Keep nodes and pods watched in the background; the first list happens here, so
-        the first sample has data (if it fails, the watch threads keep trying)."""
+        """Read nodes and pods from the process's watched cache (started here, or shared
+        with the loop's); its first list is waited for here, so the first sample has data
+        (if it fails, the watches keep trying)."""
+        settings = self.settings
+        self._cache = shared_cache(
+            self._client, self._names, settings.watch_timeout_s, settings.request_timeout_s
+        )
+        self._cache.wait_listed(settings.request_timeout_s)
         for informer in self.informers:
             with contextlib.suppress(SourceError):
                 informer.sync()
@@ -408,13 +414,31 @@ class KubernetesSource(Source):
             thread.start()
             self._threads.append(thread)
 
+    def _cluster(self) -> tuple[list[NodeFacts], list[PodRequest]]:
+        """The nodes and unfinished pods: the watched cache's, else listed now."""
+        cache = self._cache
+        if cache is None:
+            cache = ClusterCache(
+                self._client, self._names, request_timeout_s=self.settings.request_timeout_s
+            )
+            for kind in (cache.nodes, cache.pods):
+                try:
+                    kind.list()
+                except API_ERRORS as exc:
+                    raise SourceError(f"list {kind.kind}: {exc}") from exc
+        for kind in (cache.nodes, cache.pods):
+            if not kind.listed or kind.down_since is not None:
+                # A cache that is not being kept current is not an observation.
+                raise SourceError(kind.error or f"{kind.kind} not listed yet")
+        return list(cache.nodes.snapshot()[1].values()), list(cache.pods.snapshot()[1].values())
+
     def sample(self, at: pd.Timestamp) -> list[MetricBatch]:
+        nodes, pods = self._cluster()
         if not self._threads:
             for informer in self.informers:
                 informer.sync()
         for informer in self.informers:
             if informer.error is not None:
-                # A cache that is not being kept current is not an observation.
                 raise SourceError(informer.error)
         queued: list[QueuedPodSet] = []
         if self.settings.kueue:
@@ -429,7 +453,7 @@ class KubernetesSource(Source):
             self._queue_problems.report(
                 [*(p.queue_problem for p in queued), *map(admission_gate, workloads)]
             )
-        pools = pool_demand(self.nodes.items(), self.pods.items(), queued)
+        pools = pool_demand(map(gpu_node, nodes), map(gpu_pod, pods), queued)
         return demand_batches(pools, at, queue=self.settings.kueue)
 
     def close(self) -> None:
@@ -439,4 +463,7 @@ class KubernetesSource(Source):
         for thread in self._threads:
             thread.join(timeout=5)
         self._threads.clear()
+        if self._cache is not None:
+            release_shared(self._cache)  # the loop's watches, where it shares them, go on
+            self._cache = None
         self._client.close()

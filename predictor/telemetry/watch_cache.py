@@ -398,7 +398,13 @@ class ClusterCache:
 
 
 _SHARED: dict[tuple[str, KubeNames], ClusterCache] = {}
+_HOLDS: dict[tuple[str, KubeNames], int] = {}  # how many readers hold each shared cache
 _SHARED_LOCK = threading.Lock()
+
+
+def cache_key(api: k8s.ApiClient, names: KubeNames) -> tuple[str, KubeNames]:
+    """What makes two readers' caches one: the API server and the object conventions."""
+    return str(api.configuration.host), names
 
 
 def shared_cache(
@@ -407,20 +413,28 @@ def shared_cache(
     watch_timeout_s: int = 300,
     request_timeout_s: float = 10.0,
 ) -> ClusterCache:
-    """The process's cache of the API server `api` talks to, read with `names`, started."""
-    key = (str(api.configuration.host), names)
+    """The process's cache of the API server `api` talks to, read with `names`, started;
+    the caller holds it until `release_shared` (the first caller's client and timeouts
+    serve every reader)."""
+    key = cache_key(api, names)
     with _SHARED_LOCK:
         cache = _SHARED.get(key)
         if cache is None:
             cache = _SHARED[key] = ClusterCache(api, names, watch_timeout_s, request_timeout_s)
+        _HOLDS[key] = _HOLDS.get(key, 0) + 1
     cache.start()
     return cache
 
 
-def forget_shared(cache: ClusterCache) -> None:
-    """Close `cache` and let the next `shared_cache` make a new one (a process that ends
-    its loop, a test)."""
+def release_shared(cache: ClusterCache) -> None:
+    """Give back one hold of `cache` (a loop that ends, a collector that closes, a test);
+    the last one closes it, and the next `shared_cache` makes a new one. Readers in one
+    process come and go on their own: the collector closing leaves the loop its watches."""
     with _SHARED_LOCK:
-        for key in [k for k, v in _SHARED.items() if v is cache]:
-            del _SHARED[key]
+        keys = [k for k, v in _SHARED.items() if v is cache]
+        for key in keys:
+            _HOLDS[key] -= 1
+            if _HOLDS[key] > 0:
+                return
+            del _SHARED[key], _HOLDS[key]
     cache.close()

@@ -37,7 +37,8 @@ from predictor.telemetry.watch_cache import (
     SYSTEM_NAMESPACE,
     CacheStatus,
     ClusterCache,
-    forget_shared,
+    cache_key,
+    release_shared,
     shared_cache,
 )
 from scaler.cluster.job import Job
@@ -375,7 +376,7 @@ def _carry(old: ClusterState, new: ClusterState, kept: list[tuple[int, int]]) ->
             new.service_nodes.setdefault(allocation.job.service, Counter())[allocation.node] += 1
 
 
-_WATCHED: dict[int, WatchedCluster] = {}
+_WATCHED: dict[tuple[str, KubeNames], WatchedCluster] = {}
 _WATCHED_LOCK = threading.Lock()
 
 
@@ -387,18 +388,24 @@ def watched_cluster(
 ) -> WatchedCluster:
     """The process's watched cluster on the API server `api` talks to (its cache started):
     `scale` and `serve` in one process read one snapshot of one cache, stale past the
-    bound of the config they share (`kubernetes.cache_stale_after_s`)."""
-    cache = shared_cache(api, names, request_timeout_s=request_timeout_s)
+    bound of the config they share (`kubernetes.cache_stale_after_s`). It holds one hold
+    of the process's cache, which a collector in the process may share too."""
+    key = cache_key(api, names)
     with _WATCHED_LOCK:
-        found = _WATCHED.get(id(cache))
-        if found is None or found.cache is not cache:
-            found = _WATCHED[id(cache)] = WatchedCluster(cache)
+        found = _WATCHED.get(key)
+        if found is None:
+            cache = shared_cache(api, names, request_timeout_s=request_timeout_s)
+            found = _WATCHED[key] = WatchedCluster(cache)
         found.stale_after_s = stale_after_s
         return found
 
 
 def forget_watched(watched: WatchedCluster) -> None:
-    """Stop `watched`'s cache (the process's loop ends); a later call makes a new one."""
+    """The process's loop ends: `watched` gives its hold of the cache back (the cache
+    stops unless a collector still reads it); a later call makes a new one."""
     with _WATCHED_LOCK:
-        _WATCHED.pop(id(watched.cache), None)
-    forget_shared(watched.cache)
+        keys = [k for k, v in _WATCHED.items() if v is watched]
+        for key in keys:
+            del _WATCHED[key]
+    if keys:
+        release_shared(watched.cache)
