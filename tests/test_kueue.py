@@ -21,7 +21,13 @@ from live_fixtures import fast_policy, pool
 from predictor.telemetry.config import KubernetesSettings
 from predictor.telemetry.kube_objects import KUBE_NAMES
 from predictor.telemetry.kubernetes import UNPOOLED, KubernetesSource, api_client
-from predictor.telemetry.kueue import WORKLOADS, list_call, queued_pod_sets, read_queues
+from predictor.telemetry.kueue import (
+    QUEUE_KINDS,
+    WORKLOADS,
+    list_call,
+    queued_pod_sets,
+    read_queues,
+)
 from predictor.telemetry.sources import SourceError
 from predictor.telemetry.store import TelemetryStore
 from scaler.controller.config import LiveConfig
@@ -688,3 +694,54 @@ def test_a_pending_workload_scales_the_live_loop_up_before_any_pod_exists(
     assert d.reactive is not None and (d.reactive.pending, d.reactive.queued) == (0, 0)
     assert d.fleet.used_gpus == {"a100": 24.0}
     assert after.actions == [] and group.target_size() == 3
+
+
+def test_the_loop_reads_the_queue_from_the_watched_cache(tmp_path: Path, fake: FakeKube) -> None:
+    """`gpuscale scale` reads Kueue's kinds from the process's watched cluster cache: its
+    first pass lists each once, later passes list none of them and still see a Workload
+    made between two passes (the watch delivered it)."""
+    from scaler.cli.live import _watched
+    from scaler.kube.watched import forget_watched
+
+    cfg = LiveConfig(
+        state_dir=tmp_path / "state",
+        pools=[pool("a100")],
+        provider={"kind": "simulated", "simulated": {"initial_sizes": {"a100": 1}}},
+        kubernetes={"host": fake.url, "pre_position": "none", "kueue": True},
+        model={"name": "persistence"},
+        policy=fast_policy(60.0),
+        lease={"enabled": False},
+    )
+    ds = pd.date_range(end=NOW, periods=6, freq="60s")
+    TelemetryStore(cfg.state_dir).append(pd.DataFrame({"unique_id": "a100", "ds": ds, "y": 8.0}))
+    fake.create("nodes", node("a100-1", "a100"))
+    for flavor in FLAVORS:
+        fake.create("resourceflavors", flavor)
+    system = LiveSystem.build(cfg)
+    watched = _watched(system)
+    assert watched is not None
+    try:
+        loop = Reconciler(system, observe=watched, clock=lambda: NOW)
+
+        def queued() -> dict[str | None, float]:
+            cluster = loop.decide().fleet.cluster
+            assert cluster is not None
+            return cluster.queued_gpus
+
+        assert queued() == {}
+        lists = {plural: fake.list_requests(plural) for plural in QUEUE_KINDS}
+        assert lists["workloads"] == 1 and all(lists.values()), lists
+        assert queued() == {}
+        fake.create(
+            "workloads", workload("train", [("workers", 2, template(8))], flavor="a100-flavor")
+        )
+        deadline = time.monotonic() + 10
+        while queued() != {"a100": 16.0}:
+            assert time.monotonic() < deadline, queued()
+            time.sleep(0.05)
+        assert {plural: fake.list_requests(plural) for plural in QUEUE_KINDS} == lists
+        for plural in QUEUE_KINDS:
+            assert fake.watch_requests(plural) >= 1, plural
+    finally:
+        forget_watched(watched)
+        system.close()

@@ -30,7 +30,6 @@ gated, is logged when it first shows, not at every sample.
 
 from __future__ import annotations
 
-import contextlib
 import logging
 import threading
 from collections.abc import Callable, Iterable, Mapping
@@ -61,12 +60,18 @@ from predictor.telemetry.kueue import (
     WORKLOADS,
     QueuedPodSet,
     admission_gate,
-    list_call,
     queued_pod_sets,
     read_queues,
+    watched_queue,
 )
 from predictor.telemetry.sources import MetricBatch, Source, SourceError
-from predictor.telemetry.watch_cache import API_ERRORS, ClusterCache, release_shared, shared_cache
+from predictor.telemetry.watch_cache import (
+    API_ERRORS,
+    ClusterCache,
+    Reflector,
+    release_shared,
+    shared_cache,
+)
 
 log = logging.getLogger(__name__)
 
@@ -363,8 +368,9 @@ def _meta(obj: Any) -> tuple[str, str, str | None]:
 
 
 class KubernetesSource(Source):
-    """GPU demand, capacity and node count per pool, from the nodes and unfinished pods of
-    the process's watched cluster cache (once started; a one-shot sample lists them)."""
+    """GPU demand, capacity and node count per pool, from the nodes and unfinished pods
+    (and with `kueue`, Kueue's queue) of the process's watched cluster cache, once started;
+    a one-shot sample lists them."""
 
     name = "kubernetes"
 
@@ -373,18 +379,8 @@ class KubernetesSource(Source):
         self._client = client or api_client(settings)
         self._names = kube_names(settings)
         self._cache: ClusterCache | None = None
-        self.informers: list[Informer[Any]] = []
         if settings.kueue:
-            # Kept as they come: a Workload is read against the flavors and queues when
-            # sampled.
-            self.kueue = {
-                plural: Informer(plural, list_call(self._client, plural), dict, settings)
-                for plural in (WORKLOADS, FLAVORS, LOCAL_QUEUES, CLUSTER_QUEUES)
-            }
-            self.informers += list(self.kueue.values())
             self._queue_problems = ProblemLog(log)
-        self._stop = threading.Event()
-        self._threads: list[threading.Thread] = []
 
     def available(self) -> bool:
         try:
@@ -396,73 +392,58 @@ class KubernetesSource(Source):
             return False
 
     def start(self) -> None:
-        """Read nodes and pods from the process's watched cache (started here, or shared
-        with the loop's); its first list is waited for here, so the first sample has data
-        (if it fails, the watches keep trying)."""
+        """Read the process's watched cache (started here, or shared with the loop's); its
+        first list is waited for here, so the first sample has data (if it fails, the
+        watches keep trying)."""
         settings = self.settings
         self._cache = shared_cache(
             self._client, self._names, settings.watch_timeout_s, settings.request_timeout_s
         )
+        self._kinds(self._cache)  # Kueue's kinds join the cache now
         self._cache.wait_listed(settings.request_timeout_s)
-        for informer in self.informers:
-            with contextlib.suppress(SourceError):
-                informer.sync()
-        for informer in self.informers:
-            thread = threading.Thread(
-                target=informer.run, args=(self._stop,), name=f"watch-{informer.kind}", daemon=True
-            )
-            thread.start()
-            self._threads.append(thread)
 
-    def _cluster(self) -> tuple[list[NodeFacts], list[PodRequest]]:
-        """The nodes and unfinished pods: the watched cache's, else listed now."""
+    def _kinds(self, cache: ClusterCache) -> dict[str, Reflector[Any]]:
+        """What a sample reads of `cache`: nodes, pods and, with `kueue`, Kueue's kinds."""
+        kinds: dict[str, Reflector[Any]] = {"nodes": cache.nodes, "pods": cache.pods}
+        if self.settings.kueue:
+            kinds.update(watched_queue(cache))
+        return kinds
+
+    def _read(self) -> dict[str, list[Any]]:
+        """Each kind's objects: the watched cache's, else listed now."""
         cache = self._cache
         if cache is None:
             cache = ClusterCache(
                 self._client, self._names, request_timeout_s=self.settings.request_timeout_s
             )
-            for kind in (cache.nodes, cache.pods):
+            for kind in self._kinds(cache).values():
                 try:
                     kind.list()
                 except API_ERRORS as exc:
                     raise SourceError(f"list {kind.kind}: {exc}") from exc
-        for kind in (cache.nodes, cache.pods):
+        kinds = self._kinds(cache)
+        for kind in kinds.values():
             if not kind.listed or kind.down_since is not None:
                 # A cache that is not being kept current is not an observation.
                 raise SourceError(kind.error or f"{kind.kind} not listed yet")
-        return list(cache.nodes.snapshot()[1].values()), list(cache.pods.snapshot()[1].values())
+        return {name: list(kind.snapshot()[1].values()) for name, kind in kinds.items()}
 
     def sample(self, at: pd.Timestamp) -> list[MetricBatch]:
-        nodes, pods = self._cluster()
-        if not self._threads:
-            for informer in self.informers:
-                informer.sync()
-        for informer in self.informers:
-            if informer.error is not None:
-                raise SourceError(informer.error)
+        read = self._read()
         queued: list[QueuedPodSet] = []
         if self.settings.kueue:
-            queues = read_queues(
-                self.kueue[FLAVORS].items(),
-                self.kueue[LOCAL_QUEUES].items(),
-                self.kueue[CLUSTER_QUEUES].items(),
-            )
-            workloads = self.kueue[WORKLOADS].items()
+            # A Workload is read against the flavors and queues as they are now.
+            queues = read_queues(read[FLAVORS], read[LOCAL_QUEUES], read[CLUSTER_QUEUES])
+            workloads = read[WORKLOADS]
             for workload in workloads:
                 queued.extend(queued_pod_sets(workload, queues, self._names))
             self._queue_problems.report(
                 [*(p.queue_problem for p in queued), *map(admission_gate, workloads)]
             )
-        pools = pool_demand(map(gpu_node, nodes), map(gpu_pod, pods), queued)
+        pools = pool_demand(map(gpu_node, read["nodes"]), map(gpu_pod, read["pods"]), queued)
         return demand_batches(pools, at, queue=self.settings.kueue)
 
     def close(self) -> None:
-        self._stop.set()
-        for informer in self.informers:
-            informer.stop()
-        for thread in self._threads:
-            thread.join(timeout=5)
-        self._threads.clear()
         if self._cache is not None:
             release_shared(self._cache)  # the loop's watches, where it shares them, go on
             self._cache = None

@@ -47,7 +47,9 @@ topology request is read as Kueue's podset topology annotations are.
 Kueue serves its kinds at v1beta2 from 0.15 on (its storage version from 0.16) and
 deprecates v1beta1, which later releases stop serving; Kueue before 0.15 serves v1beta1
 only. Every field read here is the same in both, so the objects are read at the newest
-version the API server serves (`served_version`).
+version the API server serves (`served_version`). The four kinds are kept in the process's
+watched cluster cache (`watched_queue`: listed once, then watched), which the loop, the
+service and the collector in one process share.
 """
 
 from __future__ import annotations
@@ -71,6 +73,7 @@ from predictor.telemetry.kube_objects import (
     required_terms,
     requirement_holds,
 )
+from predictor.telemetry.watch_cache import ClusterCache, Reflector
 
 GROUP = "kueue.x-k8s.io"
 VERSIONS = ("v1beta2", "v1beta1")  # newest first
@@ -78,6 +81,7 @@ WORKLOADS = "workloads"
 FLAVORS = "resourceflavors"
 LOCAL_QUEUES = "localqueues"
 CLUSTER_QUEUES = "clusterqueues"
+QUEUE_KINDS = (WORKLOADS, FLAVORS, LOCAL_QUEUES, CLUSTER_QUEUES)
 ADMISSION_GATE_ANNOTATION = "kueue.x-k8s.io/admission-gated-by"
 
 
@@ -428,3 +432,11 @@ class KueueList:
 def list_call(api: k8s.ApiClient, plural: str) -> KueueList:
     """The list call of one of Kueue's kinds (`KueueList`)."""
     return KueueList(k8s.CustomObjectsApi(api), plural)
+
+
+def watched_queue(cache: ClusterCache) -> dict[str, Reflector[dict[str, Any]]]:
+    """Kueue's kinds (`QUEUE_KINDS`) in the process's watched cluster cache, listed once
+    and watched from the first reader's ask on, each at the version Kueue serves."""
+    return {
+        plural: cache.watch_kind(plural, list_call(cache.api, plural)) for plural in QUEUE_KINDS
+    }

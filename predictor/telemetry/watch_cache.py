@@ -314,7 +314,8 @@ def _budget(obj: Mapping[str, Any]) -> Mapping[str, Any]:
 
 
 class ClusterCache:
-    """Nodes, unfinished pods, kube-system's PodDisruptionBudgets and CronJobs, watched."""
+    """Nodes, unfinished pods, kube-system's PodDisruptionBudgets and CronJobs, watched;
+    and the kinds only some setups read, from the first ask on (`watch_kind`)."""
 
     def __init__(
         self,
@@ -324,14 +325,16 @@ class ClusterCache:
         request_timeout_s: float = 10.0,
         clock: Callable[[], float] = time.monotonic,
     ) -> None:
+        self.api = api
         self.names = names
         self.clock = clock
         core = k8s.CoreV1Api(api)
-        common = {
+        common: dict[str, Any] = {
             "watch_timeout_s": watch_timeout_s,
             "request_timeout_s": request_timeout_s,
             "clock": clock,
         }
+        self._common = common
         self.nodes: Reflector[NodeFacts] = Reflector(
             "nodes", core.list_node, lambda o: read_node(o, names), **common
         )
@@ -365,11 +368,35 @@ class ClusterCache:
             if self._threads:
                 return
             for kind in self.kinds:
-                thread = threading.Thread(
-                    target=kind.run, args=(self._stop,), name=f"watch-{kind.kind}", daemon=True
-                )
-                thread.start()
-                self._threads.append(thread)
+                self._run(kind)
+
+    def _run(self, kind: Reflector[Any]) -> None:
+        thread = threading.Thread(
+            target=kind.run, args=(self._stop,), name=f"watch-{kind.kind}", daemon=True
+        )
+        thread.start()
+        self._threads.append(thread)
+
+    def watch_kind(
+        self,
+        kind: str,
+        call: Callable[..., Any],
+        selector: Mapping[str, str] | None = None,
+    ) -> Reflector[dict[str, Any]]:
+        """The kind named `kind`, which only some setups read (Kueue's, CapacityBuffers,
+        Karpenter's): from the first reader that asks for it on, it is listed and watched
+        as the others are (`call`, its list call; `selector`, its label selector etc.) and
+        counts in `status`; every later ask gets the same one (its `call` unused). Its
+        objects are kept as their JSON."""
+        with self._start_lock:
+            found = next((k for k in self.kinds if k.kind == kind), None)
+            if found is None:
+                found = Reflector(kind, call, dict, selector=dict(selector or {}), **self._common)
+                # A new list, not an append: `status` may be reading the old one.
+                self.kinds = [*self.kinds, found]
+                if self._threads:
+                    self._run(found)
+            return found
 
     def wait_listed(self, timeout_s: float) -> bool:
         deadline = time.monotonic() + timeout_s
@@ -377,12 +404,13 @@ class ClusterCache:
 
     def status(self) -> CacheStatus:
         now = self.clock()
-        down = [now - k.down_since for k in self.kinds if k.down_since is not None]
+        kinds = self.kinds
+        down = [now - k.down_since for k in kinds if k.down_since is not None]
         return CacheStatus(
-            listed=all(k.listed for k in self.kinds),
+            listed=all(k.listed for k in kinds),
             stale_s=max(down, default=0.0),
-            errors=tuple(k.error for k in self.kinds if k.error is not None),
-            refused=tuple(f"{k.kind}: {k.refused}" for k in self.kinds if k.refused),
+            errors=tuple(k.error for k in kinds if k.error is not None),
+            refused=tuple(f"{k.kind}: {k.refused}" for k in kinds if k.refused),
         )
 
     def counts(self) -> dict[str, dict[str, int]]:

@@ -797,7 +797,11 @@ class Reconciler:
             self.system.kube,
             names,
             assume_idle=self.system.provider.name() == "simulated",
-            observe=with_queue(self.observe) if kube is not None and kube.kueue else self.observe,
+            observe=(
+                with_queue(self.observe, kube.request_timeout_s)
+                if kube is not None and kube.kueue
+                else self.observe
+            ),
             rules=kube.drain.rules() if kube is not None else CLUSTER_AUTOSCALER_RULES,
         ).with_removal_checks(placement, unremovable)
         # Planned within what the cloud allows now, so the plan (and its reason) is what a

@@ -1,7 +1,9 @@
 """Kueue's queue in the live loop: pending Workloads as the jobs they will become.
 
-`read_queue` lists Kueue's Workloads, ResourceFlavors, LocalQueues and ClusterQueues once
-per pass and reads the pod sets still waiting (`predictor.telemetry.kueue.queued_pod_sets`:
+A pass reads Kueue's Workloads, ResourceFlavors, LocalQueues and ClusterQueues from the
+process's watched cluster cache where it reads one (`watched_pod_sets`: listed once, then
+watched), else lists them (`read_queue`), and reads the pod sets still waiting
+(`predictor.telemetry.kueue.queued_pod_sets`:
 pending, not admitted, not admission-gated, each pod set in the pool of the flavor its
 quota is reserved on, else of the first flavor its queue would try, else the one its node
 selector names; the collector beside the loop reads the queue the same way and logs, once,
@@ -16,7 +18,7 @@ their pods are in the snapshot already.
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import replace
 from typing import Any
 
@@ -33,16 +35,19 @@ from predictor.telemetry.kueue import (
     queued_pod_sets,
     read_queues,
     served_version,
+    watched_queue,
 )
+from predictor.telemetry.watch_cache import ClusterCache
 from scaler.cluster.job import Job
-from scaler.kube.errors import kube_call
+from scaler.kube.errors import KubeError, kube_call
 from scaler.kube.objects import job_of
 from scaler.kube.observed import ObserveCluster, ObservedCluster
+from scaler.kube.watched import cache_of
 
 
 def read_queue(api: k8s.ApiClient, names: KubeNames) -> list[QueuedPodSet]:
-    """The pod sets of every pending Workload. Raises KubeError when the API server
-    cannot answer (a cluster without Kueue's CRDs answers 404)."""
+    """The pod sets of every pending Workload, listed now. Raises KubeError when the API
+    server cannot answer (a cluster without Kueue's CRDs answers 404)."""
     custom = k8s.CustomObjectsApi(api)
     what = "read Kueue's Workloads, ResourceFlavors, LocalQueues and ClusterQueues"
     version = kube_call(what, lambda: served_version(custom))
@@ -51,6 +56,22 @@ def read_queue(api: k8s.ApiClient, names: KubeNames) -> list[QueuedPodSet]:
         listing = kube_call(what, lambda: custom.list_cluster_custom_object(GROUP, version, plural))
         return listing.get("items") or []
 
+    return _pod_sets(items, names)
+
+
+def watched_pod_sets(cache: ClusterCache, names: KubeNames, wait_s: float) -> list[QueuedPodSet]:
+    """The pod sets of every pending Workload, from `cache` (Kueue's kinds join it at the
+    first ask, whose list is waited for up to `wait_s`). Raises KubeError while a kind has
+    no first list (a cluster without Kueue's CRDs answers 404); a watch down since is the
+    cache's staleness, which holds the pass's scale-downs."""
+    kinds = watched_queue(cache)
+    for kind in kinds.values():
+        if not kind.wait_listed(wait_s):
+            raise KubeError(f"read Kueue's {kind.kind}: {kind.error or 'not listed yet'}")
+    return _pod_sets(lambda plural: list(kinds[plural].snapshot()[1].values()), names)
+
+
+def _pod_sets(items: Callable[[str], list[Any]], names: KubeNames) -> list[QueuedPodSet]:
     queues = read_queues(items(FLAVORS), items(LOCAL_QUEUES), items(CLUSTER_QUEUES))
     return [
         pod_set
@@ -74,12 +95,18 @@ def queued_jobs(
     return out
 
 
-def with_queue(observe: ObserveCluster) -> ObserveCluster:
-    """`observe`, with the pending Workloads' jobs in the snapshot it returns."""
+def with_queue(observe: ObserveCluster, wait_s: float = 10.0) -> ObserveCluster:
+    """`observe`, with the pending Workloads' jobs in the snapshot it returns: read from
+    the watched cache `observe` reads, if any (its first list waited for up to `wait_s`),
+    else listed."""
+    cache = cache_of(observe)
 
     def observe_with_queue(api: k8s.ApiClient, names: KubeNames) -> ObservedCluster:
         cluster = observe(api, names)
-        pod_sets = read_queue(api, names)
+        if cache is None:
+            pod_sets = read_queue(api, names)
+        else:
+            pod_sets = watched_pod_sets(cache, names, wait_s)
         taints = [Taint.from_text(t) for t in sorted(cluster.taints)]
         jobs = queued_jobs(pod_sets, names, taints)
         pools = {

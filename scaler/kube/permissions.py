@@ -89,7 +89,8 @@ CUSTOM_OBJECT_CALLS: dict[str, dict[str, tuple[Permission, ...]]] = {
         "delete_cluster_custom_object": (Permission(_KARPENTER, "nodeclaims", "delete"),),
     },
     # Kueue's queue (Workloads, and the flavors and queues that say where they go): the
-    # loop lists it each pass, the collector beside it watches it.
+    # loop, the service and the collector watch it in the process's cluster cache; a pass
+    # without one (`observe_cluster`) lists it.
     "scaler/kube/kueue.py": {
         "list_cluster_custom_object": tuple(
             Permission(_KUEUE, resource, "list") for resource in _KUEUE_KINDS
@@ -149,6 +150,7 @@ COMPONENT_MODULES: dict[str, tuple[str, ...]] = {
         "scaler/providers/karpenter.py",
         "scaler/providers/autoscaler.py",
         "scaler/kube/kueue.py",
+        "predictor/telemetry/kueue.py",
         "scaler/kube/cronjobs.py",
         "predictor/telemetry/watch_cache.py",
     ),

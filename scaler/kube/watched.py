@@ -376,6 +376,14 @@ def _carry(old: ClusterState, new: ClusterState, kept: list[tuple[int, int]]) ->
             new.service_nodes.setdefault(allocation.job.service, Counter())[allocation.node] += 1
 
 
+def cache_of(observe: object) -> ClusterCache | None:
+    """The watched cache an observer reads (a `WatchedCluster`, or the service's listing of
+    one), where a pass reads the kinds only some setups need (Kueue's, CapacityBuffers,
+    Karpenter's); None for an observer that lists afresh, beside which they are listed too."""
+    cache = getattr(observe, "cache", None)
+    return cache if isinstance(cache, ClusterCache) else None
+
+
 _WATCHED: dict[tuple[str, KubeNames], WatchedCluster] = {}
 _WATCHED_LOCK = threading.Lock()
 

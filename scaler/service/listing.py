@@ -22,10 +22,11 @@ from dataclasses import dataclass
 
 from kubernetes import client as k8s
 
+from predictor.telemetry.watch_cache import ClusterCache
 from scaler.kube.errors import KubeError
 from scaler.kube.objects import KubeNames
 from scaler.kube.observed import ObserveCluster, ObservedCluster, observe_cluster
-from scaler.kube.watched import NotListed
+from scaler.kube.watched import NotListed, cache_of
 
 
 @dataclass(frozen=True, slots=True)
@@ -50,6 +51,11 @@ class SharedListing:
         self._observe = observe
         self._lock = threading.Lock()
         self._last: _Listing | None = None
+
+    @property
+    def cache(self) -> ClusterCache | None:
+        """The watched cache it reads, where the plan reads Kueue's queue too."""
+        return cache_of(self._observe)
 
     def due(self, within_s: float = 0.0) -> bool:
         """Whether a read in the next `within_s` seconds lists the cluster (network I/O)."""
