@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import json
 import logging
+import time
 from pathlib import Path
 from typing import Any
 
@@ -395,3 +396,50 @@ def test_the_buffer_unit_is_the_pools_largest_job() -> None:
     assert buffer_unit(a100, mix, gpus_each=2).num_gpu == 2
     sharing = [j for j in mix if j.is_sharing]
     assert buffer_unit(a100, sharing).num_gpu == 1  # whole GPUs only
+
+
+def test_the_loop_reads_its_buffers_from_the_watched_cache(tmp_path: Path, fake: FakeKube) -> None:
+    """`gpuscale scale` keeps its CapacityBuffers in the process's watched cluster cache:
+    the first pass lists them once (and makes the buffer), later passes list none and
+    still see what the autoscaler wrote between two passes (the watch delivered it)."""
+    from scaler.cli.live import _watched
+    from scaler.kube.watched import forget_watched
+
+    cfg = growing_pool(tmp_path, fake)
+    system = LiveSystem.build(cfg)
+    watched = _watched(system)
+    assert watched is not None
+    try:
+        reconciler = Reconciler(system, observe=watched)
+        made = reconciler.iterate(apply=True)
+        assert [(a["action"], a["status"]) for a in made.actions] == [("set_buffer", "done")]
+        assert fake.list_requests("capacitybuffers") == 1
+        (kind,) = [k for k in watched.cache.kinds if k.kind == "capacitybuffers"]
+
+        def cached() -> dict[str, Any]:
+            deadline = time.monotonic() + 10
+            while (found := kind.snapshot()[1].get(f"{NAMESPACE}/gpuscale-a100")) is None:
+                assert time.monotonic() < deadline
+                time.sleep(0.05)
+            return found
+
+        cached()  # the buffer made shows in the cache: nothing more to write
+        assert reconciler.iterate(apply=True).actions == []
+        quota = condition("LimitedByQuotas", "True", "ResourceQuotasAllocated", "limited")
+        status = {"status": {"conditions": [quota]}}
+        fake.patch("capacitybuffers", "gpuscale-a100", status, NAMESPACE)
+        deadline = time.monotonic() + 10
+        while not (cached().get("status") or {}).get("conditions"):
+            assert time.monotonic() < deadline
+            time.sleep(0.05)
+        seen = reconciler.iterate(apply=True)
+        assert seen.actions == []
+        assert seen.buffers_not_ready == {
+            "gpuscale-a100": "CapacityBuffer gpuscale-a100: LimitedByQuotas True"
+            " (ResourceQuotasAllocated): limited"
+        }
+        assert fake.list_requests("capacitybuffers") == 1
+        assert fake.watch_requests("capacitybuffers") >= 1
+    finally:
+        forget_watched(watched)
+        system.close()

@@ -103,6 +103,7 @@ from scaler.kube.placeholders import (
     PlaceholderSettings,
     placeholder_pod,
 )
+from scaler.kube.watched import cache_of
 from scaler.placement.decision import Unschedulable
 from scaler.placement.engine import commit, place
 from scaler.placement.estimator import ScaleUpEstimate
@@ -1119,8 +1120,13 @@ class Reconciler:
         """Bring each pool's PodTemplate and CapacityBuffer to the plan, one journaled
         action per buffer that differs (none when all are as planned), and report the
         buffers whose status says the autoscaler does not hold their room."""
-        assert self.system.kube is not None
-        buffers = CapacityBuffers(self.system.kube, settings)
+        assert self.system.kube is not None and self.config.kubernetes is not None
+        buffers = CapacityBuffers(
+            self.system.kube,
+            settings,
+            cache_of(self.observe),  # from the watched cache the pass reads, if any
+            self.config.kubernetes.request_timeout_s,
+        )
         self._check_leader()
         try:
             existing = buffers.current()

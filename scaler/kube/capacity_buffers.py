@@ -25,6 +25,10 @@ cannot read, limits it cannot apply) and `LimitedByQuotas` True when ResourceQuo
 its replicas, and its pod injection sets `Provisioning` False when it injects no pods.
 Such a buffer holds less room than the plan counts on, while its spec is as planned, so
 gpuscale writes nothing and reports it instead.
+
+Where the pass reads the process's watched cluster cache, the buffers are kept there
+(listed once, then watched, `ClusterCache.watch_kind`): a pass reads them, status
+included, from memory; otherwise `current` lists them.
 """
 
 from __future__ import annotations
@@ -41,6 +45,7 @@ from pydantic import BaseModel, ConfigDict, Field
 
 from predictor.telemetry.config import PLACEHOLDER_NAMESPACE
 from predictor.telemetry.kube_objects import KUBE_NAMES
+from predictor.telemetry.watch_cache import ClusterCache
 from scaler.kube.errors import KubeError, Refusal, kube_call
 
 GROUP = "autoscaling.x-k8s.io"
@@ -233,21 +238,39 @@ class BufferChange:
 class CapacityBuffers:
     """Keeps gpuscale's PodTemplates and CapacityBuffers equal to the plan's demand."""
 
-    def __init__(self, api: k8s.ApiClient, settings: BufferSettings | None = None) -> None:
+    def __init__(
+        self,
+        api: k8s.ApiClient,
+        settings: BufferSettings | None = None,
+        cache: ClusterCache | None = None,
+        wait_s: float = 10.0,
+    ) -> None:
         self.settings = settings or BufferSettings()
         self._core = k8s.CoreV1Api(api)
         self._custom = k8s.CustomObjectsApi(api)
+        self._cache = cache  # the process's watched cache, if the pass reads one
+        self._wait_s = wait_s  # how long the cache's first list of them is waited for
 
     def current(self) -> dict[str, dict[str, Any]]:
-        """gpuscale's CapacityBuffers in its namespace, by name."""
+        """gpuscale's CapacityBuffers in its namespace, by name: the watched cache's (a
+        watch down since is the cache's staleness), else listed now."""
         ns = self.settings.namespace
-        listing = kube_call(
-            f"list CapacityBuffers in {ns}",
-            lambda: self._custom.list_namespaced_custom_object(
-                GROUP, VERSION, ns, PLURAL, label_selector=BUFFER_SELECTOR
-            ),
-        )
-        return {b["metadata"]["name"]: b for b in listing.get("items") or []}
+        what = f"list CapacityBuffers in {ns}"
+
+        def list_buffers(**kwargs: Any) -> Any:
+            return self._custom.list_namespaced_custom_object(
+                GROUP, VERSION, ns, PLURAL, label_selector=BUFFER_SELECTOR, **kwargs
+            )
+
+        if self._cache is None:
+            listing = kube_call(what, list_buffers)
+            found = listing.get("items") or []
+        else:
+            kind = self._cache.watch_kind(PLURAL, list_buffers)
+            if not kind.wait_listed(self._wait_s):
+                raise KubeError(f"{what}: {kind.error or 'not listed yet'}")
+            found = list(kind.snapshot()[1].values())
+        return {b["metadata"]["name"]: b for b in found}
 
     def changes(
         self, desired: Sequence[BufferDemand], existing: Mapping[str, Mapping[str, Any]]

@@ -68,6 +68,7 @@ _KUEUE_KINDS = ("workloads", "resourceflavors", "localqueues", "clusterqueues")
 # CustomObjectsApi's methods name no resource: what each module reaches with them.
 CUSTOM_OBJECT_CALLS: dict[str, dict[str, tuple[Permission, ...]]] = {
     "scaler/kube/capacity_buffers.py": {
+        # and watch: the loop keeps them in its cluster cache (`watch_kind`)
         "list_namespaced_custom_object": (
             Permission(_BUFFERS, "capacitybuffers", "list", "namespace"),
         ),
