@@ -168,3 +168,43 @@ def test_the_loop_sets_replicas_and_hands_the_node_it_removes_to_karpenter(
     assert not DecisionJournal(cfg.state_dir).pending()
     assert {n["metadata"]["name"] for n in fake.objects("nodes")}.isdisjoint(idle)
     assert fake.get("nodes", busy)["metadata"]["labels"][NODE_POOL_LABEL] == "gpu-a100"
+
+
+def test_the_loop_reads_node_pools_and_claims_from_the_watched_cache(
+    tmp_path: Path, fake: FakeKube
+) -> None:
+    """`gpuscale scale` hands its provider the process's watched cluster cache: the first
+    pass lists the NodePools and the NodeClaims once, later passes list neither and still
+    see a NodePool changed and a NodeClaim launched between two passes."""
+    import time
+
+    from scaler.cli.live import _watched
+    from scaler.kube.watched import forget_watched
+
+    run = KarpenterLoop(tmp_path, fake)
+    run.demand([8.0] * 6)
+    system = LiveSystem.build(run.cfg)
+    watched = _watched(system)
+    assert watched is not None
+    try:
+        loop = Reconciler(system, observe=watched, clock=lambda: NOW)
+        (group,) = system.provider.node_groups()
+        loop.decide()
+        assert (len(group.nodes()), group.max_size()) == (1, 10)
+        kinds = ("nodepools", "nodeclaims")
+        lists = {plural: fake.list_requests(plural) for plural in kinds}
+        assert lists == {"nodepools": 1, "nodeclaims": 1}
+        # Someone else raises replicas and caps the pool; Karpenter launches the claim.
+        fake.patch("nodepools", "gpu-a100", {"spec": {"replicas": 2, "limits": {"nodes": 2}}})
+        run.karpenter.advance(1)
+        deadline = time.monotonic() + 10
+        while (len(group.nodes()), group.max_size()) != (2, 2):
+            assert time.monotonic() < deadline, (len(group.nodes()), group.max_size())
+            time.sleep(0.05)
+            loop.decide()
+        assert {plural: fake.list_requests(plural) for plural in kinds} == lists
+        for plural in kinds:
+            assert fake.watch_requests(plural) >= 1, plural
+    finally:
+        forget_watched(watched)
+        system.close()

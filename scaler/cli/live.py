@@ -326,7 +326,8 @@ def own_loop_state(log: DecisionJournal, transitions: int) -> None:
 
 def _watched(system: LiveSystem) -> WatchedCluster | None:
     """With Kubernetes, the loop reads the process's watched cache (listed once, then
-    watched), waiting for its first list up to the request timeout; without, nothing."""
+    watched), waiting for its first list up to the request timeout, and so does its
+    provider where it can; without, nothing."""
     if system.kube is None or system.config.kubernetes is None:
         return None
     from scaler.controller.config import kube_names
@@ -338,6 +339,7 @@ def _watched(system: LiveSystem) -> WatchedCluster | None:
         system.kube, kube_names(section), timeout, section.cache_stale_after_s
     )
     watched.cache.wait_listed(timeout)
+    system.read_through(watched.cache)
     return watched
 
 

@@ -15,6 +15,7 @@ from kubernetes import client as k8s
 from predictor.foundation.errors import InputError
 from predictor.telemetry.kubernetes import api_client
 from predictor.telemetry.store import TelemetryStore
+from predictor.telemetry.watch_cache import ClusterCache
 from scaler.controller.config import KubernetesSection, LiveConfig, kube_names
 from scaler.controller.journal import DecisionJournal
 from scaler.controller.request_model import ServedRequestModel
@@ -104,6 +105,12 @@ class LiveSystem:
             model=ForecastModel.from_settings(config.model),
             requests=ServedRequestModel(config.model),
         )
+
+    def read_through(self, cache: ClusterCache) -> None:
+        """The provider reads the cluster from `cache`, the process's watched cluster
+        cache, where it can (Karpenter's NodePools and NodeClaims) instead of listing."""
+        if isinstance(self.provider, KarpenterCloud) and self.config.kubernetes is not None:
+            self.provider.read_through(cache, self.config.kubernetes.request_timeout_s)
 
     def close(self) -> None:
         if self.kube is not None:

@@ -80,6 +80,7 @@ CUSTOM_OBJECT_CALLS: dict[str, dict[str, tuple[Permission, ...]]] = {
         ),
     },
     "scaler/providers/karpenter.py": {
+        # and watch: the loop and the service keep them in their cluster cache
         "list_cluster_custom_object": (
             Permission(_KARPENTER, "nodepools", "list"),
             Permission(_KARPENTER, "nodeclaims", "list"),

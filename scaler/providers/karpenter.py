@@ -21,6 +21,11 @@ designs/static-capacity.md). Each pool is bound to one such NodePool.
   retries) can be lowered as far as the NodeClaims that exist, so Karpenter deletes none.
 
 Failures of the API server become `ProviderError`, as a cloud's do.
+
+Once `read_through` hands it the process's watched cluster cache (`scale` and `serve` do),
+a refresh reads the NodePools and NodeClaims from there (listed once, then watched)
+instead of listing them each pass; the read right before a change still asks the API
+server.
 """
 
 from __future__ import annotations
@@ -36,6 +41,7 @@ from kubernetes import client as k8s
 from kubernetes.utils import parse_quantity
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
+from predictor.telemetry.watch_cache import ClusterCache
 from scaler.cluster.pools import NodePool
 from scaler.kube.errors import KubeError, kube_call
 from scaler.providers.base import Node, NodeStatus, ProviderError, kube_time
@@ -44,6 +50,7 @@ from scaler.providers.pool_group import CloudStateGroup
 GROUP = "karpenter.sh"
 VERSION = "v1"
 NODE_POOL_LABEL = "karpenter.sh/nodepool"  # on a NodeClaim and its node: the NodePool
+_KINDS = {"nodepools": "NodePools", "nodeclaims": "NodeClaims"}  # plural: as errors say it
 
 
 class KarpenterPoolBinding(BaseModel):
@@ -97,6 +104,17 @@ def read_claim(obj: Mapping[str, Any]) -> _Claim:
     )
 
 
+def _claims(objects: Sequence[Mapping[str, Any]]) -> dict[str, tuple[_Claim, ...]]:
+    """NodeClaims not being deleted, by NodePool."""
+    out: dict[str, list[_Claim]] = {}
+    for obj in objects:
+        meta = obj.get("metadata") or {}
+        owner = (meta.get("labels") or {}).get(NODE_POOL_LABEL)
+        if owner and meta.get("deletionTimestamp") is None:
+            out.setdefault(owner, []).append(read_claim(obj))
+    return {pool: tuple(sorted(found, key=lambda c: c.name)) for pool, found in out.items()}
+
+
 def _node_limit(node_pool: Mapping[str, Any]) -> int | None:
     # limits is a ResourceList: nodes is a quantity ("2k", "1e3"), not only digits.
     limit = ((node_pool.get("spec") or {}).get("limits") or {}).get("nodes")
@@ -118,6 +136,13 @@ class KarpenterCloud:
             b.pool: KarpenterNodeGroup(self, by_name[b.pool], b.node_pool)
             for b in settings.node_pools
         }
+        self._cache: ClusterCache | None = None
+        self._wait_s = 10.0
+
+    def read_through(self, cache: ClusterCache, wait_s: float) -> None:
+        """Refresh from `cache`, the process's watched cluster cache, from now on (its first
+        list of NodePools and of NodeClaims waited for up to `wait_s`)."""
+        self._cache, self._wait_s = cache, wait_s
 
     # CloudProvider ---------------------------------------------------------------------
     def name(self) -> str:
@@ -133,13 +158,9 @@ class KarpenterCloud:
         return None
 
     def refresh(self) -> None:
-        """Two lists: every NodePool and every NodeClaim."""
-        pools = self._call(
-            "list NodePools",
-            lambda: self._custom.list_cluster_custom_object(GROUP, VERSION, "nodepools"),
-        )
-        by_name = {p["metadata"]["name"]: p for p in pools.get("items") or []}
-        claims = self._claims()
+        """Every NodePool and every NodeClaim: from the watched cache, else two lists."""
+        by_name = {p["metadata"]["name"]: p for p in self._objects("nodepools")}
+        claims = _claims(self._objects("nodeclaims"))
         for group in self._groups.values():
             found = by_name.get(group.node_pool)
             if found is None:
@@ -153,19 +174,20 @@ class KarpenterCloud:
         except KubeError as exc:
             raise ProviderError(str(exc)) from None
 
-    def _claims(self) -> dict[str, tuple[_Claim, ...]]:
-        """NodeClaims not being deleted, by NodePool."""
-        listing = self._call(
-            "list NodeClaims",
-            lambda: self._custom.list_cluster_custom_object(GROUP, VERSION, "nodeclaims"),
-        )
-        out: dict[str, list[_Claim]] = {}
-        for obj in listing.get("items") or []:
-            meta = obj.get("metadata") or {}
-            owner = (meta.get("labels") or {}).get(NODE_POOL_LABEL)
-            if owner and meta.get("deletionTimestamp") is None:
-                out.setdefault(owner, []).append(read_claim(obj))
-        return {pool: tuple(sorted(found, key=lambda c: c.name)) for pool, found in out.items()}
+    def _objects(self, plural: str, fresh: bool = False) -> list[dict[str, Any]]:
+        """Every object of `plural` (nodepools, nodeclaims): the watched cache's unless
+        `fresh` or there is none, else listed now."""
+
+        def list_them(**kwargs: Any) -> Any:
+            return self._custom.list_cluster_custom_object(GROUP, VERSION, plural, **kwargs)
+
+        what = f"list {_KINDS[plural]}"
+        if self._cache is None or fresh:
+            return self._call(what, list_them).get("items") or []
+        kind = self._cache.watch_kind(plural, list_them)
+        if not kind.wait_listed(self._wait_s):
+            raise ProviderError(f"{what}: {kind.error or 'not listed yet'}")
+        return list(kind.snapshot()[1].values())
 
     def _read(self, group: KarpenterNodeGroup) -> _PoolState:
         node_pool = self._call(
@@ -174,7 +196,8 @@ class KarpenterCloud:
                 GROUP, VERSION, "nodepools", group.node_pool
             ),
         )
-        return group._state_of(node_pool, self._claims().get(group.node_pool, ()))
+        claims = _claims(self._objects("nodeclaims", fresh=True))
+        return group._state_of(node_pool, claims.get(group.node_pool, ()))
 
     def _set_replicas(self, group: KarpenterNodeGroup, replicas: int) -> None:
         self._call(

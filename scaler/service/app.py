@@ -59,6 +59,7 @@ def create_app(config: LiveConfig, system: LiveSystem | None = None) -> FastAPI:
         # A small cluster's first list lands in moments: serve it from the first request.
         # A large one's takes longer than a probe waits; /readyz says when it has landed.
         watched.cache.wait_listed(config.kubernetes.request_timeout_s)
+        system.read_through(watched.cache)  # /v1/plan and /v1/nodepools read the provider
     cluster = LiveCluster(system, listing=listing)
     metrics = ServiceMetrics()
 
