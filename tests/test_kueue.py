@@ -699,7 +699,8 @@ def test_a_pending_workload_scales_the_live_loop_up_before_any_pod_exists(
 def test_the_loop_reads_the_queue_from_the_watched_cache(tmp_path: Path, fake: FakeKube) -> None:
     """`gpuscale scale` reads Kueue's kinds from the process's watched cluster cache: its
     first pass lists each once, later passes list none of them and still see a Workload
-    made between two passes (the watch delivered it)."""
+    and a ResourceFlavor made between two passes (the watch delivered them); a watch that
+    answers 410 Gone lists again and the pass sees what changed meanwhile."""
     from scaler.cli.live import _watched
     from scaler.kube.watched import forget_watched
 
@@ -735,13 +736,27 @@ def test_the_loop_reads_the_queue_from_the_watched_cache(tmp_path: Path, fake: F
         fake.create(
             "workloads", workload("train", [("workers", 2, template(8))], flavor="a100-flavor")
         )
-        deadline = time.monotonic() + 10
-        while queued() != {"a100": 16.0}:
-            assert time.monotonic() < deadline, queued()
-            time.sleep(0.05)
+
+        def wait(want: dict[str | None, float]) -> None:
+            deadline = time.monotonic() + 10
+            while queued() != want:
+                assert time.monotonic() < deadline, queued()
+                time.sleep(0.05)
+
+        wait({"a100": 16.0})
+        fake.create(
+            "resourceflavors", {"metadata": {"name": "b"}, "spec": {"nodeLabels": {POOL: "b200"}}}
+        )
+        fake.create("workloads", workload("b", [("main", 1, template(8))], flavor="b"))
+        wait({"a100": 16.0, "b200": 8.0})
         assert {plural: fake.list_requests(plural) for plural in QUEUE_KINDS} == lists
         for plural in QUEUE_KINDS:
             assert fake.watch_requests(plural) >= 1, plural
+
+        fake.expire_watches()  # every version handed out is too old: 410 Gone
+        fake.delete("workloads", "b", "ml")
+        wait({"a100": 16.0})
+        assert fake.list_requests("workloads") > lists["workloads"]
     finally:
         forget_watched(watched)
         system.close()

@@ -388,3 +388,54 @@ def test_the_configured_stale_bound_reaches_the_loops_cache(fake, tmp_path) -> N
     finally:
         forget_watched(watched)
         system.close()
+
+
+def test_the_kinds_a_pass_reads_beside_the_snapshot_come_from_the_observers_cache(
+    cluster,
+) -> None:
+    """Kueue's kinds, CapacityBuffers and Karpenter's read the cache the loop's observer
+    (or the service's listing of it) reads; an observer that lists afresh has none."""
+    from scaler.kube.observed import observe_cluster
+    from scaler.kube.watched import cache_of
+    from scaler.service.listing import SharedListing
+
+    _, _, watch = cluster
+    watched = watch()
+    assert cache_of(watched) is watched.cache
+    assert cache_of(SharedListing(5.0, observe=watched)) is watched.cache
+    assert cache_of(observe_cluster) is None and cache_of(SharedListing(5.0)) is None
+
+
+def test_a_kind_joined_later_is_watched_and_counts_in_the_staleness(cluster) -> None:
+    """A kind only some setups read (here CapacityBuffers) joins the running cache at its
+    first ask: listed once, then watched; its watch down past the bound makes the
+    snapshot stale as a pod watch would."""
+    fake, api, watch = cluster
+    watched = watch(stale_after_s=0.2)
+    custom = k8s.CustomObjectsApi(api)
+
+    def buffers(**kwargs: Any) -> Any:
+        return custom.list_namespaced_custom_object(
+            "autoscaling.x-k8s.io", "v1beta1", "ml", "capacitybuffers", **kwargs
+        )
+
+    kind = watched.cache.watch_kind("capacitybuffers", buffers)
+    assert watched.cache.watch_kind("capacitybuffers", buffers) is kind
+    assert kind.wait_listed(10) and kind.snapshot()[1] == {}
+    spec = {"podTemplateRef": {"name": "unit"}, "replicas": 1}
+    fake.create("capacitybuffers", {"metadata": {"name": "b"}, "spec": spec}, "ml")
+    deadline = time.monotonic() + 10
+    while "ml/b" not in kind.snapshot()[1]:
+        assert time.monotonic() < deadline
+        time.sleep(0.05)
+    assert fake.list_requests("capacitybuffers") == 1
+    fake.refusals["capacitybuffers"] = 500
+    kind.stop()  # its watch breaks and cannot list again
+    while watched().stale is None:
+        assert time.monotonic() < deadline + 10
+        time.sleep(0.05)
+    assert "watch capacitybuffers" in (watched().stale or "")
+    fake.refusals.clear()
+    while watched().stale is not None:
+        assert time.monotonic() < deadline + 20
+        time.sleep(0.05)
