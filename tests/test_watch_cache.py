@@ -439,3 +439,18 @@ def test_a_kind_joined_later_is_watched_and_counts_in_the_staleness(cluster) -> 
     while watched().stale is not None:
         assert time.monotonic() < deadline + 20
         time.sleep(0.05)
+
+
+def test_a_kind_joined_later_that_cannot_list_fails_only_its_reader(cluster) -> None:
+    """A cluster without the CRD a setup reads (404): the reader of that kind fails, the
+    snapshot of nodes and pods is still there."""
+    from scaler.kube.capacity_buffers import BufferSettings, CapacityBuffers
+
+    fake, api, watch = cluster
+    fill(fake, 2, 10)
+    watched = watch()
+    fake.refusals["capacitybuffers"] = 404
+    buffers = CapacityBuffers(api, BufferSettings(), watched.cache, wait_s=0.5)
+    with pytest.raises(KubeError, match="list CapacityBuffers in gpuscale-system"):
+        buffers.current()
+    assert watched().state is not None and watched.status().listed

@@ -294,7 +294,9 @@ class Reflector(Generic[T]):
 class CacheStatus:
     """Whether the cache can be read, and how old its view may be."""
 
-    listed: bool  # every kind's first list has landed
+    # The first list of every kind the snapshot is made of has landed (a kind joined
+    # later, `watch_kind`, is waited for by its reader, so it holds up no other reader).
+    listed: bool
     stale_s: float  # seconds the longest-down watch has been down (0: all open)
     errors: tuple[str, ...]
     refused: tuple[str, ...] = ()  # optional kinds the server will not show, why
@@ -357,7 +359,8 @@ class ClusterCache:
         self.cronjobs: Reflector[Mapping[str, Any]] = Reflector(
             "cronjobs", batch.list_cron_job_for_all_namespaces, dict, optional=True, **common
         )
-        self.kinds: list[Reflector[Any]] = [self.nodes, self.pods, self.budgets, self.cronjobs]
+        self._snapshot_kinds = (self.nodes, self.pods, self.budgets, self.cronjobs)
+        self.kinds: list[Reflector[Any]] = list(self._snapshot_kinds)
         self._stop = threading.Event()
         self._threads: list[threading.Thread] = []
         self._start_lock = threading.Lock()
@@ -385,9 +388,10 @@ class ClusterCache:
     ) -> Reflector[dict[str, Any]]:
         """The kind named `kind`, which only some setups read (Kueue's, CapacityBuffers,
         Karpenter's): from the first reader that asks for it on, it is listed and watched
-        as the others are (`call`, its list call; `selector`, its label selector etc.) and
-        counts in `status`; every later ask gets the same one (its `call` unused). Its
-        objects are kept as their JSON."""
+        as the others are (`call`, its list call; `selector`, its label selector etc.);
+        every later ask gets the same one (its `call` unused). Its objects are kept as
+        their JSON. A watch of it down counts in `status` (the snapshot's staleness); its
+        first list is its readers' to wait for."""
         with self._start_lock:
             found = next((k for k in self.kinds if k.kind == kind), None)
             if found is None:
@@ -407,7 +411,7 @@ class ClusterCache:
         kinds = self.kinds
         down = [now - k.down_since for k in kinds if k.down_since is not None]
         return CacheStatus(
-            listed=all(k.listed for k in kinds),
+            listed=all(k.listed for k in self._snapshot_kinds),
             stale_s=max(down, default=0.0),
             errors=tuple(k.error for k in kinds if k.error is not None),
             refused=tuple(f"{k.kind}: {k.refused}" for k in kinds if k.refused),
