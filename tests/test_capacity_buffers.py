@@ -443,3 +443,35 @@ def test_the_loop_reads_its_buffers_from_the_watched_cache(tmp_path: Path, fake:
     finally:
         forget_watched(watched)
         system.close()
+
+
+def test_the_autoscalers_nodes_are_read_from_the_watched_cache(
+    tmp_path: Path, fake: FakeKube
+) -> None:
+    """Under Cluster Autoscaler the provider's refresh listed every node of the cluster
+    each pass; handed the process's watched cache, only the cache's first list is made,
+    and a node the autoscaler adds between passes joins the pool."""
+    from scaler.cli.live import _watched
+    from scaler.kube.watched import forget_watched
+
+    cfg = growing_pool(tmp_path, fake)
+    system = LiveSystem.build(cfg)
+    watched = _watched(system)
+    assert watched is not None
+    try:
+        reconciler = Reconciler(system, observe=watched)
+        (group,) = system.provider.node_groups()
+        reconciler.decide()
+        assert [n.name for n in group.nodes()] == ["i-gpu-0"]
+        ready_gpu_node(fake, "gpu-1")
+        deadline = time.monotonic() + 10
+        while len(group.nodes()) < 2:
+            assert time.monotonic() < deadline, group.nodes()
+            time.sleep(0.05)
+            reconciler.decide()
+        assert [n.name for n in group.nodes()] == ["i-gpu-0", "i-gpu-1"]
+        assert fake.list_requests("nodes") == 1
+        assert fake.watch_requests("nodes") >= 1
+    finally:
+        forget_watched(watched)
+        system.close()

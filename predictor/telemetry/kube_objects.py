@@ -236,6 +236,7 @@ class NodeFacts:
     gpu_memory_mib: int | None = None
     gpu_domains: str | None = None  # NVLink domains of its GPUs, as written
     rack: str | None = None
+    created: str | None = None  # metadata.creationTimestamp, as written
 
     @property
     def cloud_name(self) -> str:
@@ -540,4 +541,5 @@ def read_node(node: Any, names: KubeNames = KUBE_NAMES) -> NodeFacts:
         or dict(names.model_gpu_domains).get(labels.get(names.gpu_model_label, ""))
         or None,
         rack=labels.get(names.rack_label) or None,
+        created=meta.get("creationTimestamp") or None,
     )

@@ -108,8 +108,10 @@ class LiveSystem:
 
     def read_through(self, cache: ClusterCache) -> None:
         """The provider reads the cluster from `cache`, the process's watched cluster
-        cache, where it can (Karpenter's NodePools and NodeClaims) instead of listing."""
-        if isinstance(self.provider, KarpenterCloud) and self.config.kubernetes is not None:
+        cache, where it can (Karpenter's NodePools and NodeClaims, the nodes a node
+        autoscaler sizes) instead of listing."""
+        kinds = (KarpenterCloud, AutoscaledCloud)
+        if isinstance(self.provider, kinds) and self.config.kubernetes is not None:
             self.provider.read_through(cache, self.config.kubernetes.request_timeout_s)
 
     def close(self) -> None:

@@ -8,6 +8,9 @@ is its node count. The autoscaler adds nodes for pending pods and for the capaci
 gpuscale asks through CapacityBuffers or placeholder pods, and removes them by its own
 scale-down (consolidation): `increase_size`, `decrease_target_size` and `delete_nodes`
 refuse, and the loop, whose config says so (`provider.scale_down: none`), never asks.
+
+Once `read_through` hands it the process's watched cluster cache (`scale` and `serve` do), a
+refresh reads the nodes from there instead of listing every node of the cluster each pass.
 """
 
 from __future__ import annotations
@@ -17,7 +20,8 @@ from datetime import timedelta
 
 from kubernetes import client as k8s
 
-from predictor.telemetry.kube_objects import KUBE_NAMES, KubeNames, read_node
+from predictor.telemetry.kube_objects import KUBE_NAMES, KubeNames, NodeFacts, read_node
+from predictor.telemetry.watch_cache import ClusterCache
 from scaler.cluster.pools import NodePool
 from scaler.kube.errors import KubeError, kube_call
 from scaler.providers.base import Node, NodeStatus, ProviderError, kube_time
@@ -33,6 +37,13 @@ class AutoscaledCloud:
         self._core = k8s.CoreV1Api(api)
         self._names = names
         self._groups = {p.name: AutoscaledGroup(p) for p in pools}
+        self._cache: ClusterCache | None = None
+        self._wait_s = 0.0
+
+    def read_through(self, cache: ClusterCache, wait_s: float) -> None:
+        """Refresh from `cache`, the process's watched cluster cache, from now on (its first
+        list of nodes waited for up to `wait_s`)."""
+        self._cache, self._wait_s = cache, wait_s
 
     def name(self) -> str:
         return "autoscaler"
@@ -47,18 +58,11 @@ class AutoscaledCloud:
         return None
 
     def refresh(self) -> None:
-        try:
-            listing = kube_call("list nodes", self._core.list_node)
-        except KubeError as exc:
-            raise ProviderError(str(exc)) from None
         found: dict[str, list[Node]] = {name: [] for name in self._groups}
-        as_json = self._core.api_client.sanitize_for_serialization
-        for raw in listing.items or []:
-            obj = as_json(raw)
-            facts = read_node(obj, self._names)
+        for facts in self._nodes():
             if facts.pool not in found:
                 continue
-            launched = kube_time(obj.get("metadata", {}).get("creationTimestamp"))
+            launched = kube_time(facts.created)
             boot = timedelta(seconds=self._groups[facts.pool].template().boot_seconds)
             found[facts.pool].append(
                 Node(
@@ -71,6 +75,19 @@ class AutoscaledCloud:
             )
         for name, group in self._groups.items():
             group._nodes = sorted(found[name], key=lambda n: n.name)
+
+    def _nodes(self) -> list[NodeFacts]:
+        """Every node of the cluster: the watched cache's, else listed now."""
+        if self._cache is not None:
+            if not self._cache.nodes.wait_listed(self._wait_s):
+                raise ProviderError(f"list nodes: {self._cache.nodes.error or 'not listed yet'}")
+            return list(self._cache.nodes.snapshot()[1].values())
+        try:
+            listing = kube_call("list nodes", self._core.list_node)
+        except KubeError as exc:
+            raise ProviderError(str(exc)) from None
+        as_json = self._core.api_client.sanitize_for_serialization
+        return [read_node(as_json(raw), self._names) for raw in listing.items or []]
 
 
 class AutoscaledGroup(PoolGroup):
