@@ -557,6 +557,27 @@ def test_the_collector_watches_the_cron_jobs(fake: FakeKube, settings: Kubernete
         source.close()
 
 
+def test_the_collectors_sources_share_one_watch_of_the_cron_jobs(
+    fake: FakeKube, settings: KubernetesSettings
+) -> None:
+    """The Kubernetes source and the CronJob source of one `collect` read the process's
+    one watched cache: the CronJobs are listed once and watched once, not once each."""
+    seed_cron_jobs(fake)
+    sources = build_sources(CollectorConfig(kubernetes=settings))
+    try:
+        for source in sources:
+            source.start()
+        assert scheduled_of(sources[1], AT)["a100"] == 16.0
+        deadline = time.monotonic() + 10
+        while fake.watch_requests("cronjobs") < 1:
+            assert time.monotonic() < deadline
+            time.sleep(0.05)
+        assert (fake.list_requests("cronjobs"), fake.watch_requests("cronjobs")) == (1, 1)
+    finally:
+        for source in sources:
+            source.close()
+
+
 def test_a_collector_not_allowed_to_read_cron_jobs_records_nothing_and_says_so_once(
     fake: FakeKube, settings: KubernetesSettings, caplog: pytest.LogCaptureFixture
 ) -> None:

@@ -31,16 +31,14 @@ gated, is logged when it first shows, not at every sample.
 from __future__ import annotations
 
 import logging
-import threading
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
-from typing import Any, Generic, TypeVar
+from typing import Any
 
 import pandas as pd
 import yaml
 from kubernetes import client as k8s
 from kubernetes import config as k8s_config
-from kubernetes import watch as k8s_watch
 from kubernetes.config.config_exception import ConfigException
 
 from predictor.foundation.errors import InputError
@@ -76,7 +74,6 @@ from predictor.telemetry.watch_cache import (
 log = logging.getLogger(__name__)
 
 UNPOOLED = "unpooled"
-T = TypeVar("T")
 
 
 @dataclass(frozen=True)
@@ -253,118 +250,6 @@ def demand_batches(
             points = points.assign(unit="nodes")
         batches.append(MetricBatch(metric, points[["unique_id", "ds", "y", "gpu_model", "unit"]]))
     return batches
-
-
-class Informer(Generic[T]):
-    """A cache of one resource kind kept current by list + watch."""
-
-    def __init__(
-        self,
-        kind: str,
-        list_call: Callable[..., Any],
-        convert: Callable[[Any], T],
-        settings: KubernetesSettings,
-    ) -> None:
-        self.kind = kind
-        self._list = list_call
-        self._convert = convert
-        self._settings = settings
-        self._items: dict[str, T] = {}
-        self._lock = threading.Lock()
-        self._version: str | None = None
-        self._watch: k8s_watch.Watch | None = None
-        self.error: str | None = "not synced"
-
-    @staticmethod
-    def _key(obj: Any) -> str:
-        namespace, name, _ = _meta(obj)
-        return f"{namespace}/{name}"
-
-    def sync(self) -> None:
-        """List everything: the cache becomes exactly the server's state."""
-        try:
-            listing = self._list(_request_timeout=self._settings.request_timeout_s)
-        except API_ERRORS as exc:
-            self.error = f"list {self.kind}: {exc}"
-            raise SourceError(self.error) from exc
-        found = listing.get("items") if isinstance(listing, dict) else listing.items
-        items = {self._key(obj): self._convert(obj) for obj in found or []}
-        with self._lock:
-            self._items = items
-            self._version = _meta(listing)[2]
-            self.error = None
-
-    def items(self) -> list[T]:
-        with self._lock:
-            return list(self._items.values())
-
-    def watch_once(self) -> None:
-        """One watch request from the cached version until the server ends it; a 410 Gone
-        (the version was compacted away) clears the version so the next round re-lists."""
-        self._watch = k8s_watch.Watch()
-        try:
-            for event in self._watch.stream(
-                self._list,
-                resource_version=self._version,
-                timeout_seconds=self._settings.watch_timeout_s,
-                _request_timeout=(
-                    self._settings.request_timeout_s,
-                    self._settings.watch_timeout_s + self._settings.request_timeout_s,
-                ),
-            ):
-                obj = event["object"]
-                if event["type"] == "BOOKMARK":
-                    self._version = self._watch.resource_version
-                    continue
-                with self._lock:
-                    if event["type"] == "DELETED":
-                        self._items.pop(self._key(obj), None)
-                    else:
-                        self._items[self._key(obj)] = self._convert(obj)
-                    self._version = _meta(obj)[2]
-        except k8s.ApiException as exc:
-            if exc.status != 410:
-                raise
-            log.info("watch of %s expired (410 Gone); re-listing", self.kind)
-            self._version = None
-        finally:
-            self._watch = None
-
-    def run(self, stop: threading.Event, backoff_s: float = 1.0) -> None:
-        """List, then watch until `stop`; on failure mark the cache stale and retry."""
-        delay = backoff_s
-        while not stop.is_set():
-            try:
-                if self._version is None or self.error is not None:
-                    self.sync()
-                    log.info("%s: listed %d", self.kind, len(self._items))
-                self.watch_once()
-                delay = backoff_s
-            except (SourceError, *API_ERRORS) as exc:
-                if stop.is_set():
-                    break
-                if self.error is None:
-                    log.warning("watch of %s lost: %s", self.kind, exc)
-                self.error = f"watch {self.kind}: {exc}"
-                stop.wait(delay)
-                delay = min(delay * 2, 30.0)
-
-    def stop(self) -> None:
-        if self._watch is not None:
-            self._watch.stop()
-
-
-def _meta(obj: Any) -> tuple[str, str, str | None]:
-    """(namespace, name, resourceVersion) of a client model or, for custom objects, a dict."""
-    if isinstance(obj, dict):
-        meta = obj.get("metadata") or {}
-        return meta.get("namespace") or "", meta.get("name") or "", meta.get("resourceVersion")
-    meta = obj.metadata
-    return (
-        getattr(meta, "namespace", None) or "",
-        getattr(meta, "name", None) or "",
-        meta.resource_version,
-    )
 
 
 class KubernetesSource(Source):

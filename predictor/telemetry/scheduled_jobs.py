@@ -1,27 +1,29 @@
 """Scheduled jobs as a telemetry source: the GPUs CronJobs will ask for in the next hour.
 
-CronJobs are listed once and then watched (an informer, `kubernetes.Informer`, listing
-page by page), so a sample reads a cache the API server keeps current. Each sample is one
-point per pool, `gpu_scheduled`: the GPUs of the CronJob runs due after the sample's time
-up to `HORIZON` ahead (`cronjobs.scheduled_runs`: suspended CronJobs fire nothing, serial
-ones count their next run only, runs that have fired count as their pods instead). Runs
-whose template names no pool are the series `unpooled`, as pending pods are; a pool whose
-CronJobs fire nothing within the hour reads 0. It is an input, not demand: the scaler
-reads the CronJobs themselves to hold nodes for a run, and the series lets the forecaster
-and people see what was known ahead.
+CronJobs are read from the process's watched cluster cache (`watch_cache.shared_cache`,
+listed once page by page, then watched; the same one the loop and the Kubernetes source
+read), so a sample reads what the API server keeps current. Each sample is one point per
+pool, `gpu_scheduled`: the GPUs of the CronJob runs due after the sample's time up to
+`HORIZON` ahead (`cronjobs.scheduled_runs`: suspended CronJobs fire nothing, serial ones
+count their next run only, runs that have fired count as their pods instead). Runs whose
+template names no pool are the series `unpooled`, as pending pods are; a pool whose CronJobs
+fire nothing within the hour reads 0. It is an input, not demand: the scaler reads the
+CronJobs themselves to hold nodes for a run, and the series lets the forecaster and people
+see what was known ahead.
 
 Where the API server refuses to list CronJobs (403: the service account's RBAC grants no
 `list` on batch/cronjobs; 404: the API server serves no batch/v1 CronJobs) the source
-records nothing, says why once, and asks again at each sample, so a grant made later is
-taken up. A schedule that cannot be read leaves its CronJob out, said once while it lasts.
+records nothing, says why once, and lists again at each sample, so a grant made later is
+taken up there (the cache's own watch asks again every half minute). A schedule that cannot
+be read leaves its CronJob out, said once while it lasts.
 """
 
 from __future__ import annotations
 
-import contextlib
 import logging
-import threading
+from collections.abc import Mapping
 from datetime import timedelta
+from typing import Any
 
 import pandas as pd
 from kubernetes import client as k8s
@@ -29,9 +31,15 @@ from kubernetes import client as k8s
 from predictor.foundation.problem_log import ProblemLog
 from predictor.telemetry.config import KubernetesSettings
 from predictor.telemetry.cronjobs import ScheduledRuns, scheduled_runs
-from predictor.telemetry.kubernetes import UNPOOLED, Informer, api_client, kube_names
-from predictor.telemetry.paging import paged
+from predictor.telemetry.kubernetes import UNPOOLED, api_client, kube_names
 from predictor.telemetry.sources import MetricBatch, Source, SourceError
+from predictor.telemetry.watch_cache import (
+    API_ERRORS,
+    ClusterCache,
+    Reflector,
+    release_shared,
+    shared_cache,
+)
 
 log = logging.getLogger(__name__)
 
@@ -70,20 +78,15 @@ class ScheduledJobsSource(Source):
         self.settings = settings
         self.horizon = horizon
         self._client = client or api_client(settings)
-        batch = k8s.BatchV1Api(self._client)
-        # Kept as they come (JSON form): a CronJob's runs depend on the time it is sampled.
-        self.cron_jobs = Informer(
-            "cronjobs",
-            paged(batch.list_cron_job_for_all_namespaces),
-            self._client.sanitize_for_serialization,
-            settings,
-        )
         self._names = kube_names(settings)
+        self._cache: ClusterCache | None = None
         self._refusal = ProblemLog(log)
         self._schedules = ProblemLog(log)
-        self._stop = threading.Event()
-        self._thread: threading.Thread | None = None
-        self._watching = False  # start() was called: keep a watch once the list is allowed
+
+    @property
+    def cron_jobs(self) -> Reflector[Mapping[str, Any]] | None:
+        """The watched CronJobs (kept as their JSON), once started."""
+        return None if self._cache is None else self._cache.cronjobs
 
     def available(self) -> bool:
         try:
@@ -94,60 +97,56 @@ class ScheduledJobsSource(Source):
         except (k8s.ApiException, OSError, ValueError):
             return False
 
-    def _listed(self) -> bool:
-        """List the CronJobs; False where the API server refuses to (`REFUSED`), which is
-        said once while it lasts. Any other failure raises SourceError."""
-        try:
-            self.cron_jobs.sync()
-        except SourceError as exc:
-            cause = exc.__cause__
-            if isinstance(cause, k8s.ApiException) and cause.status in REFUSED:
-                self._refusal.report(
-                    [
-                        f"CronJobs are not read (HTTP {cause.status}: the service account may"
-                        " not list batch/cronjobs, or the API server serves none): scheduled"
-                        " GPU demand is not recorded"
-                    ]
-                )
-                return False
-            raise
-        self._refusal.report([])
-        return True
-
     def start(self) -> None:
-        """List the CronJobs and keep them watched in the background (the first list here,
-        so the first sample has them; a refused or failed one is tried again at samples,
-        or by the watch thread)."""
-        self._watching = True
-        with contextlib.suppress(SourceError):
-            if not self._listed():
-                return
-        self._start_watch()
-
-    def _start_watch(self) -> None:
-        self._thread = threading.Thread(
-            target=self.cron_jobs.run, args=(self._stop,), name="watch-cronjobs", daemon=True
+        """Read the process's watched cache (started here, or shared with the loop's); its
+        first list of CronJobs is waited for here, so the first sample has them."""
+        settings = self.settings
+        self._cache = shared_cache(
+            self._client, self._names, settings.watch_timeout_s, settings.request_timeout_s
         )
-        self._thread.start()
+        self._cache.cronjobs.wait_listed(settings.request_timeout_s)
+
+    def _read(self) -> list[Mapping[str, Any]] | None:
+        """The CronJobs: the watched cache's, else (one-shot, or refused so far) listed
+        now; None where the API server refuses to list them (`REFUSED`), said once while
+        it lasts. Any other failure raises SourceError."""
+        kind = self.cron_jobs
+        if kind is None or kind.refused is not None:
+            if kind is None:
+                timeout = self.settings.request_timeout_s
+                kind = ClusterCache(self._client, self._names, request_timeout_s=timeout).cronjobs
+            try:
+                kind.list()
+            except k8s.ApiException as exc:
+                if exc.status in REFUSED:
+                    self._refusal.report(
+                        [
+                            f"CronJobs are not read (HTTP {exc.status}: the service account"
+                            " may not list batch/cronjobs, or the API server serves none):"
+                            " scheduled GPU demand is not recorded"
+                        ]
+                    )
+                    return None
+                raise SourceError(f"list cronjobs: {exc}") from exc
+            except API_ERRORS as exc:
+                raise SourceError(f"list cronjobs: {exc}") from exc
+        elif not kind.listed or kind.down_since is not None:
+            # A cache that is not being kept current is not an observation.
+            raise SourceError(kind.error or "cronjobs not listed yet")
+        self._refusal.report([])
+        return list(kind.snapshot()[1].values())
 
     def sample(self, at: pd.Timestamp) -> list[MetricBatch]:
-        if self._thread is None:
-            # One-shot, or the list was refused so far: list now.
-            if not self._listed():
-                return []
-            if self._watching:
-                self._start_watch()
-        elif self.cron_jobs.error is not None:
-            raise SourceError(self.cron_jobs.error)
+        cron_jobs = self._read()
+        if cron_jobs is None:
+            return []
         now = pd.Timestamp(at).to_pydatetime()
-        scheduled = scheduled_runs(self.cron_jobs.items(), now, self.horizon, self._names)
+        scheduled = scheduled_runs(cron_jobs, now, self.horizon, self._names)
         self._schedules.report(scheduled.problems)
         return scheduled_batches(scheduled, at)
 
     def close(self) -> None:
-        self._stop.set()
-        self.cron_jobs.stop()
-        if self._thread is not None:
-            self._thread.join(timeout=5)
-            self._thread = None
+        if self._cache is not None:
+            release_shared(self._cache)  # the loop's watches, where it shares them, go on
+            self._cache = None
         self._client.close()

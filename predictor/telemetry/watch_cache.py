@@ -248,7 +248,12 @@ class Reflector(Generic[T]):
                     delay = min(delay * 2, max_backoff_s)
                     continue
                 self._refuse(exc)
-                stop.wait(max_backoff_s)
+                # Asked again after a while, or as soon as a reader's own list got it (a
+                # grant taken up at a sample): the watch then goes on from that list.
+                with self.changed:
+                    self.changed.wait_for(
+                        lambda: stop.is_set() or self.refused is None, timeout=max_backoff_s
+                    )
             except API_ERRORS as exc:
                 self._lost(exc, stop, delay)
                 delay = min(delay * 2, max_backoff_s)
@@ -282,6 +287,8 @@ class Reflector(Generic[T]):
             self.changed.notify_all()
 
     def stop(self) -> None:
+        with self.changed:
+            self.changed.notify_all()  # a refused kind waiting to ask again: it stops now
         response = self._response
         if response is not None:
             try:
