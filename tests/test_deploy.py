@@ -623,9 +623,8 @@ def _api_methods() -> set[str]:
 
 def code_calls() -> dict[str, set[str]]:
     """Kubernetes client methods each source module calls or hands to a watch ("+watch"):
-    the client's Watch, or an informer (`predictor.telemetry.kubernetes.Informer`, the
-    cluster cache's `Reflector`, or a kind handed to the cache with `watch_kind`: list,
-    then watch)."""
+    the client's Watch, or the cluster cache's (its `Reflector`, or a kind handed to it
+    with `watch_kind`: list, then watch)."""
     methods = _api_methods() - {"get_api_resources", "get_code"}
     found: dict[str, set[str]] = {}
     for package in ("scaler", "predictor"):
@@ -636,7 +635,7 @@ def code_calls() -> dict[str, set[str]]:
             }
             watched = any(
                 (isinstance(n, ast.Attribute) and n.attr in ("Watch", "watch_kind"))
-                or (isinstance(n, ast.Name) and n.id in ("Informer", "Reflector"))
+                or (isinstance(n, ast.Name) and n.id == "Reflector")
                 for n in ast.walk(tree)
             )
             if names:
