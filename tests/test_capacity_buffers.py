@@ -8,6 +8,8 @@ from __future__ import annotations
 import json
 import logging
 import time
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
@@ -37,6 +39,7 @@ from scaler.kube.capacity_buffers import (
     CapacityBuffers,
     not_ready,
 )
+from scaler.kube.watched import WatchedCluster, forget_watched
 
 NAMESPACE = "gpuscale-system"
 UNIT = {"num_gpu": 8, "cpu_milli": 8000, "memory_mib": 32768}  # whole-node jobs
@@ -398,19 +401,27 @@ def test_the_buffer_unit_is_the_pools_largest_job() -> None:
     assert buffer_unit(a100, sharing).num_gpu == 1  # whole GPUs only
 
 
-def test_the_loop_reads_its_buffers_from_the_watched_cache(tmp_path: Path, fake: FakeKube) -> None:
-    """`gpuscale scale` keeps its CapacityBuffers in the process's watched cluster cache:
-    the first pass lists them once (and makes the buffer), later passes list none and
-    still see what the autoscaler wrote between two passes (the watch delivered it)."""
+@contextmanager
+def watched_loop(cfg: LiveConfig) -> Iterator[tuple[LiveSystem, WatchedCluster, Reconciler]]:
+    """The loop as `gpuscale scale` runs it: its passes and its provider read the
+    process's watched cluster cache."""
     from scaler.cli.live import _watched
-    from scaler.kube.watched import forget_watched
 
-    cfg = growing_pool(tmp_path, fake)
     system = LiveSystem.build(cfg)
     watched = _watched(system)
     assert watched is not None
     try:
-        reconciler = Reconciler(system, observe=watched)
+        yield system, watched, Reconciler(system, observe=watched)
+    finally:
+        forget_watched(watched)
+        system.close()
+
+
+def test_the_loop_reads_its_buffers_from_the_watched_cache(tmp_path: Path, fake: FakeKube) -> None:
+    """`gpuscale scale` keeps its CapacityBuffers in the process's watched cluster cache:
+    the first pass lists them once (and makes the buffer), later passes list none and
+    still see what the autoscaler wrote between two passes (the watch delivered it)."""
+    with watched_loop(growing_pool(tmp_path, fake)) as (_, watched, reconciler):
         made = reconciler.iterate(apply=True)
         assert [(a["action"], a["status"]) for a in made.actions] == [("set_buffer", "done")]
         assert fake.list_requests("capacitybuffers") == 1
@@ -440,9 +451,6 @@ def test_the_loop_reads_its_buffers_from_the_watched_cache(tmp_path: Path, fake:
         }
         assert fake.list_requests("capacitybuffers") == 1
         assert fake.watch_requests("capacitybuffers") >= 1
-    finally:
-        forget_watched(watched)
-        system.close()
 
 
 def test_the_autoscalers_nodes_are_read_from_the_watched_cache(
@@ -451,15 +459,7 @@ def test_the_autoscalers_nodes_are_read_from_the_watched_cache(
     """Under Cluster Autoscaler the provider's refresh listed every node of the cluster
     each pass; handed the process's watched cache, only the cache's first list is made,
     and a node the autoscaler adds between passes joins the pool."""
-    from scaler.cli.live import _watched
-    from scaler.kube.watched import forget_watched
-
-    cfg = growing_pool(tmp_path, fake)
-    system = LiveSystem.build(cfg)
-    watched = _watched(system)
-    assert watched is not None
-    try:
-        reconciler = Reconciler(system, observe=watched)
+    with watched_loop(growing_pool(tmp_path, fake)) as (system, _, reconciler):
         (group,) = system.provider.node_groups()
         reconciler.decide()
         assert [n.name for n in group.nodes()] == ["i-gpu-0"]
@@ -472,6 +472,3 @@ def test_the_autoscalers_nodes_are_read_from_the_watched_cache(
         assert [n.name for n in group.nodes()] == ["i-gpu-0", "i-gpu-1"]
         assert fake.list_requests("nodes") == 1
         assert fake.watch_requests("nodes") >= 1
-    finally:
-        forget_watched(watched)
-        system.close()

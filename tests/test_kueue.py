@@ -645,12 +645,9 @@ def test_a_pending_mig_workload_counts_in_gpu_equivalents(fake: FakeKube, kueue_
 # ---- the live loop ------------------------------------------------------------------------
 
 
-def test_a_pending_workload_scales_the_live_loop_up_before_any_pod_exists(
-    tmp_path: Path, fake: FakeKube
-) -> None:
-    """The forecast sees one node's worth; a Workload of 2 x 8 GPUs waits on the a100
-    flavor with no pod yet: its gang needs two more nodes, the loop adds them. Once
-    admitted, its pods run there and are counted once: no more nodes."""
+def queued_pool(tmp_path: Path, fake: FakeKube) -> LiveConfig:
+    """One simulated a100 node, Kueue read, and six minutes of one node's worth of demand
+    in the store."""
     cfg = LiveConfig(
         state_dir=tmp_path / "state",
         pools=[pool("a100")],
@@ -662,6 +659,16 @@ def test_a_pending_workload_scales_the_live_loop_up_before_any_pod_exists(
     )
     ds = pd.date_range(end=NOW, periods=6, freq="60s")
     TelemetryStore(cfg.state_dir).append(pd.DataFrame({"unique_id": "a100", "ds": ds, "y": 8.0}))
+    return cfg
+
+
+def test_a_pending_workload_scales_the_live_loop_up_before_any_pod_exists(
+    tmp_path: Path, fake: FakeKube
+) -> None:
+    """The forecast sees one node's worth; a Workload of 2 x 8 GPUs waits on the a100
+    flavor with no pod yet: its gang needs two more nodes, the loop adds them. Once
+    admitted, its pods run there and are counted once: no more nodes."""
+    cfg = queued_pool(tmp_path, fake)
     loop = Reconciler(LiveSystem.build(cfg), clock=lambda: NOW)
     (group,) = loop.system.provider.node_groups()
     (first,) = [n.name for n in group.nodes()]
@@ -704,17 +711,7 @@ def test_the_loop_reads_the_queue_from_the_watched_cache(tmp_path: Path, fake: F
     from scaler.cli.live import _watched
     from scaler.kube.watched import forget_watched
 
-    cfg = LiveConfig(
-        state_dir=tmp_path / "state",
-        pools=[pool("a100")],
-        provider={"kind": "simulated", "simulated": {"initial_sizes": {"a100": 1}}},
-        kubernetes={"host": fake.url, "pre_position": "none", "kueue": True},
-        model={"name": "persistence"},
-        policy=fast_policy(60.0),
-        lease={"enabled": False},
-    )
-    ds = pd.date_range(end=NOW, periods=6, freq="60s")
-    TelemetryStore(cfg.state_dir).append(pd.DataFrame({"unique_id": "a100", "ds": ds, "y": 8.0}))
+    cfg = queued_pool(tmp_path, fake)
     fake.create("nodes", node("a100-1", "a100"))
     for flavor in FLAVORS:
         fake.create("resourceflavors", flavor)

@@ -168,17 +168,23 @@ def test_a_broken_watch_relists_and_converges_on_the_same_server(cluster) -> Non
     assert watched.status().stale_s == 0 and watched().stale is None
 
 
-def test_a_watch_down_past_the_bound_makes_the_snapshot_stale(cluster) -> None:
-    fake, api, watch = cluster
-    fill(fake, 4, 40)
-    watched = watch(stale_after_s=0.2)
-    converges(watched, api)
+def break_the_watches(fake, watched) -> None:
+    """Every watch of `watched`'s cache breaks and cannot list again (pods answer 500);
+    returns once the snapshot reads as stale (or after 10 s)."""
     fake.refusals["pods"] = 500
     for kind in watched.cache.kinds:
         kind.stop()
     deadline = time.monotonic() + 10
     while watched().stale is None and time.monotonic() < deadline:
         time.sleep(0.05)
+
+
+def test_a_watch_down_past_the_bound_makes_the_snapshot_stale(cluster) -> None:
+    fake, api, watch = cluster
+    fill(fake, 4, 40)
+    watched = watch(stale_after_s=0.2)
+    converges(watched, api)
+    break_the_watches(fake, watched)
     assert "cluster cache stale" in (watched().stale or "")
     fake.refusals.clear()
     converges(watched, api)
@@ -344,12 +350,7 @@ def test_a_stale_cache_holds_the_loops_scale_downs_and_says_why(cluster, tmp_pat
         loop = Reconciler(system, observe=watched)
         fresh = loop.decide()
         assert fresh.desired["a100"] < 4 and fresh.held == {}, fresh.plan.decisions
-        fake.refusals["pods"] = 500
-        for kind in watched.cache.kinds:
-            kind.stop()  # the watches break and cannot come back
-        deadline = time.monotonic() + 10
-        while watched().stale is None and time.monotonic() < deadline:
-            time.sleep(0.05)
+        break_the_watches(fake, watched)
         held = loop.decide()
         assert held.desired["a100"] == 4
         assert "cluster cache stale: a watch has been down" in held.held["a100"]
@@ -378,12 +379,7 @@ def test_the_configured_stale_bound_reaches_the_loops_cache(fake, tmp_path) -> N
     assert watched is not None
     try:
         assert watched.stale_after_s == 0.2 and watched().stale is None
-        fake.refusals["pods"] = 500
-        for kind in watched.cache.kinds:
-            kind.stop()  # the watches break and cannot list again
-        deadline = time.monotonic() + 10
-        while watched().stale is None and time.monotonic() < deadline:
-            time.sleep(0.05)
+        break_the_watches(fake, watched)
         assert "cluster cache stale: a watch has been down" in (watched().stale or "")
     finally:
         forget_watched(watched)
