@@ -311,7 +311,7 @@ class KubernetesSource(Source):
             if not kind.listed or kind.down_since is not None:
                 # A cache that is not being kept current is not an observation.
                 raise SourceError(kind.error or f"{kind.kind} not listed yet")
-        return {name: list(kind.snapshot()[1].values()) for name, kind in kinds.items()}
+        return {name: kind.objects() for name, kind in kinds.items()}
 
     def sample(self, at: pd.Timestamp) -> list[MetricBatch]:
         read = self._read()

@@ -134,7 +134,7 @@ class ScheduledJobsSource(Source):
             # A cache that is not being kept current is not an observation.
             raise SourceError(kind.error or "cronjobs not listed yet")
         self._refusal.report([])
-        return list(kind.snapshot()[1].values())
+        return kind.objects()
 
     def sample(self, at: pd.Timestamp) -> list[MetricBatch]:
         cron_jobs = self._read()

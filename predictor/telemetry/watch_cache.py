@@ -104,6 +104,11 @@ class Reflector(Generic[T]):
         with self.lock:
             return self.serial, dict(self.items)
 
+    def objects(self) -> list[T]:
+        """Every object kept, in no order (one copy, not a snapshot's dict)."""
+        with self.lock:
+            return list(self.items.values())
+
     def changes_since(self, serial: int) -> tuple[int, dict[str, T | None] | None]:
         """(the current serial, every key changed after `serial` with its object, None
         where it is gone); None for the changes when they are no longer all kept."""

@@ -269,7 +269,7 @@ class CapacityBuffers:
             kind = self._cache.watch_kind(PLURAL, list_buffers)
             if not kind.wait_listed(self._wait_s):
                 raise KubeError(f"{what}: {kind.error or 'not listed yet'}")
-            found = list(kind.snapshot()[1].values())
+            found = kind.objects()
         return {b["metadata"]["name"]: b for b in found}
 
     def changes(

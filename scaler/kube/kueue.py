@@ -68,7 +68,7 @@ def watched_pod_sets(cache: ClusterCache, names: KubeNames, wait_s: float) -> li
     for kind in kinds.values():
         if not kind.wait_listed(wait_s):
             raise KubeError(f"read Kueue's {kind.kind}: {kind.error or 'not listed yet'}")
-    return _pod_sets(lambda plural: list(kinds[plural].snapshot()[1].values()), names)
+    return _pod_sets(lambda plural: kinds[plural].objects(), names)
 
 
 def _pod_sets(items: Callable[[str], list[Any]], names: KubeNames) -> list[QueuedPodSet]:

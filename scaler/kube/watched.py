@@ -247,7 +247,7 @@ class WatchedCluster:
             self._budgets = self._read_budgets()
         if cron_moved or cache.cronjobs.refused:
             refused = cache.cronjobs.refused is not None  # the loop lists, and says why not
-            self._cron_jobs = None if refused else tuple(cache.cronjobs.snapshot()[1].values())
+            self._cron_jobs = None if refused else tuple(cache.cronjobs.objects())
         self._snapshot = self._assemble()
         # The cache's objects and each snapshot live long and hold no cycles (refcounts
         # free them): out of the cyclic collector's reach, its full collections no longer

@@ -81,7 +81,7 @@ class AutoscaledCloud:
         if self._cache is not None:
             if not self._cache.nodes.wait_listed(self._wait_s):
                 raise ProviderError(f"list nodes: {self._cache.nodes.error or 'not listed yet'}")
-            return list(self._cache.nodes.snapshot()[1].values())
+            return self._cache.nodes.objects()
         try:
             listing = kube_call("list nodes", self._core.list_node)
         except KubeError as exc:

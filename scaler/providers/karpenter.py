@@ -187,7 +187,7 @@ class KarpenterCloud:
         kind = self._cache.watch_kind(plural, list_them)
         if not kind.wait_listed(self._wait_s):
             raise ProviderError(f"{what}: {kind.error or 'not listed yet'}")
-        return list(kind.snapshot()[1].values())
+        return kind.objects()
 
     def _read(self, group: KarpenterNodeGroup) -> _PoolState:
         node_pool = self._call(
