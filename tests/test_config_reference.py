@@ -61,7 +61,7 @@ def test_every_field_of_every_section_has_a_row() -> None:
             for field in model.model_fields.values():
                 queue += list(config_reference._models_in(field.annotation))
     # The knobs a platform team tunes, with their defaults and bounds.
-    assert "| `job_wait_share` | number | `0.2` |" in text
+    assert "| `job_wait_share` | number | `0.1` |" in text
     assert "| `target_shortage` | number | `0.001` |" in text
 
 

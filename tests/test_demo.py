@@ -30,8 +30,8 @@ def test_demo_leaves_a_report_with_the_frontier_against_the_tuned_buffer(tmp_pat
     # predictive at its knob points with the default marked.
     assert modes.count("reactive") == 1
     assert sorted(r["knob"] for r in rows if r["mode"] == "headroom") == list(range(1, 9))
-    assert sorted(r["knob"] for r in rows if r["mode"] == "predictive") == [0.2, 0.5]
-    assert [r["knob"] for r in rows if r["mode"] == "predictive" and r["default"]] == [0.2]
+    assert sorted(r["knob"] for r in rows if r["mode"] == "predictive") == [0.1, 0.5]
+    assert [r["knob"] for r in rows if r["mode"] == "predictive" and r["default"]] == [0.1]
     tuned = [r for r in rows if r["mode"] == "headroom-tuned"]
     assert tuned and all(set(r["spares"]) == set(figures["pools"]) for r in tuned)
     # Job counts: all jobs of the workload, and the scored ones every row covers.

@@ -63,8 +63,8 @@ FAST = {
         " --out sim-replay/ --model empirical"
     ),
     # Three days (the least the synthetic simulation takes) at one knob, not 21 days at three.
-    "gpuscale simulate --synthetic --frontier --knob 0.1 --knob 0.2 --knob 0.3 --out sim/": (
-        "gpuscale simulate --synthetic --frontier --knob 0.2 --days 3 --out sim/"
+    "gpuscale simulate --synthetic --frontier --knob 0.05 --knob 0.1 --knob 0.2 --out sim/": (
+        "gpuscale simulate --synthetic --frontier --knob 0.1 --days 3 --out sim/"
     ),
     # The benchmarks on one Helios VC's last two days, not every trace's test window.
     "gpuscale bench forecast --trace philly:$TRACES/philly/philly_node_sequence.csv.gz"

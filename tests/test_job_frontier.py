@@ -219,19 +219,19 @@ def test_gpuscale_simulate_synthetic_frontier_json(tmp_path: Path) -> None:
         ("reactive", None, False),
         *[("headroom", k, False) for k in range(1, 9)],
         ("predictive", 0.01, False),
-        ("predictive", 0.2, True),
+        ("predictive", 0.1, True),
         # Each ablation at the knobs asked for and the default's. Three days hold no day
         # of history before the warm-up: no headroom tuned on it, no request model.
-        *[(m, k, False) for m in ABLATIONS for k in (0.01, 0.2)],
+        *[(m, k, False) for m in ABLATIONS for k in (0.01, 0.1)],
     ]
     assert summary["request_forecast"] is None
     assert {(a["against"], a["knob"]) for a in summary["ablations"]} == {
-        (m, k) for m in ABLATIONS for k in (0.01, 0.2)
+        (m, k) for m in ABLATIONS for k in (0.01, 0.1)
     }
     for r in summary["rows"]:
         assert set(r) >= ROW_FIELDS
         assert r["wait_p99_min"] >= r["wait_p95_min"] >= 0
-    assert [m["knob"] for m in summary["matched"]] == [0.01, 0.2]
+    assert [m["knob"] for m in summary["matched"]] == [0.01, 0.1]
     assert set(summary["matched"][0]) >= {
         "cheapest_no_more_wait",
         "gpu_hours_saving",

@@ -256,7 +256,7 @@ def test_the_job_level_spare_follows_its_own_knob_not_the_step_level_one() -> No
         return result.needs[0].spare_nodes
 
     tuned = {"tuning_min_steps": 6}
-    assert PlannerPolicy().job_wait_share == 0.2
+    assert PlannerPolicy().job_wait_share == 0.1
     assert spare(PlannerPolicy(**tuned, target_shortage=0.001)) == spare(
         PlannerPolicy(**tuned, target_shortage=0.2)
     )

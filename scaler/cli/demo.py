@@ -26,7 +26,7 @@ def demo(
             min=0.001,
             max=1.0,
             help="Predictive points of the frontier picture (repeat): the job-level knob"
-            " job_wait_share; the default, 0.2, always runs. Default 0.05 and 0.5.",
+            " job_wait_share; the default, 0.1, always runs. Default 0.05 and 0.5.",
         ),
     ] = None,
     json_out: Annotated[bool, typer.Option("--json", help="Print the figures as JSON.")] = False,

@@ -649,7 +649,7 @@ def simulate(
         float | None,
         typer.Option(
             "--wait-share",
-            help="--synthetic's service knob (default: the planner's job_wait_share, 0.2): the"
+            help="--synthetic's service knob (default: the planner's job_wait_share, 0.1): the"
             " share of the boot time requested GPUs may wait (a purely reactive autoscaler"
             " waits about one boot: 1.0).",
         ),

@@ -30,7 +30,7 @@ from scaler.evaluation.synthetic import generate, load_config, with_boot
 
 MODEL_NAME = "gpuscale"
 SHOWN_HORIZONS = (1, 3, 18)  # steps of 10 minutes: 10 min, 30 min, 3 h
-# The predictive points of the frontier picture (job_wait_share; the default, 0.2, is
+# The predictive points of the frontier picture (job_wait_share; the default, 0.1, is
 # always run): from as much spare as 4-8 nodes per pool hold to less than one.
 DEMO_KNOBS = (0.05, 0.5)
 
