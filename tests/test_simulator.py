@@ -319,6 +319,29 @@ def test_reactive_removes_idle_nodes_only_after_ten_minutes() -> None:
     assert nodes[finished + pd.Timedelta(minutes=11)] == 0
 
 
+def test_predictive_removes_a_node_its_plan_does_not_want_at_the_next_pass() -> None:
+    # gpuscale sizes the groups itself: a freed node beyond the spare it chose goes at once,
+    # where Cluster Autoscaler (above) keeps it for its 10 unneeded minutes. At a knob of 1
+    # (a reactive autoscaler's waiting) the spare is none.
+    minutes = 60
+    result = simulate_jobs(
+        jobs((1.0, 8, 1000, 20)),
+        [gpu_pool(min_size=0)],
+        "predictive",
+        BEGIN,
+        BEGIN,
+        BEGIN + pd.Timedelta(minutes=minutes),
+        PlannerPolicy(mode="predictive", job_wait_share=1.0),
+        flat_outlook(0.0, minutes),
+        LEVELS,
+    )
+    nodes = result.fleet.set_index("ds")["nodes"]
+    started, finished = BEGIN + pd.Timedelta(minutes=11), BEGIN + pd.Timedelta(minutes=31)
+    assert nodes[started] == 1
+    assert nodes[finished - pd.Timedelta(minutes=1)] == 1
+    assert nodes[finished + pd.Timedelta(minutes=1)] == 0
+
+
 def test_gpu_hours_count_booting_nodes() -> None:
     result = run(jobs((1.0, 8, 1000, 50)), minutes=61)
     # Requested at 1, ready at 11, busy to 61: one 8-GPU node for the hour after 1.
