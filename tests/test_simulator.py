@@ -81,7 +81,13 @@ def flat_outlook(gpus: float, minutes: int) -> dict[str, np.ndarray]:
     return {"gpu": np.full((minutes // 10 + 1, 2, len(LEVELS)), float(gpus))}
 
 
-def run_mode(job_list: pd.DataFrame, mode: str, spare: int, minutes: int) -> JobSimResult:
+def run_mode(
+    job_list: pd.DataFrame,
+    mode: str,
+    spare: int,
+    minutes: int,
+    policy: PlannerPolicy | None = None,
+) -> JobSimResult:
     """One run on an empty GPU pool with no forecast; headroom holds `spare` nodes."""
     return simulate_jobs(
         job_list,
@@ -90,7 +96,7 @@ def run_mode(job_list: pd.DataFrame, mode: str, spare: int, minutes: int) -> Job
         BEGIN,
         BEGIN,
         BEGIN + pd.Timedelta(minutes=minutes),
-        PlannerPolicy(mode="predictive"),
+        policy or PlannerPolicy(mode="predictive"),
         flat_outlook(0.0, minutes),
         LEVELS,
         spare=spare,
@@ -323,18 +329,8 @@ def test_predictive_removes_a_node_its_plan_does_not_want_at_the_next_pass() -> 
     # gpuscale sizes the groups itself: a freed node beyond the spare it chose goes at once,
     # where Cluster Autoscaler (above) keeps it for its 10 unneeded minutes. At a knob of 1
     # (a reactive autoscaler's waiting) the spare is none.
-    minutes = 60
-    result = simulate_jobs(
-        jobs((1.0, 8, 1000, 20)),
-        [gpu_pool(min_size=0)],
-        "predictive",
-        BEGIN,
-        BEGIN,
-        BEGIN + pd.Timedelta(minutes=minutes),
-        PlannerPolicy(mode="predictive", job_wait_share=1.0),
-        flat_outlook(0.0, minutes),
-        LEVELS,
-    )
+    policy = PlannerPolicy(mode="predictive", job_wait_share=1.0)
+    result = run_mode(jobs((1.0, 8, 1000, 20)), "predictive", 0, 60, policy)
     nodes = result.fleet.set_index("ds")["nodes"]
     started, finished = BEGIN + pd.Timedelta(minutes=11), BEGIN + pd.Timedelta(minutes=31)
     assert nodes[started] == 1

@@ -24,7 +24,7 @@ nodes, and every scheduling question goes to the placement engine, as in the liv
   first (they preempt them) and then provisioned again, as evicted placeholder pods pend
   and Cluster Autoscaler scales up for them.
 - `predictive`: `headroom` with the spare nodes the planner sets per pool every 10-minute
-  step, as it sets a `CapacityBuffer`'s replicas: its job-level input is the node requests
+  step, as the live loop sets its placeholders: its job-level input is the node requests
   the minute loop saw (each rise of a pool's reactive demand, a gang all at once), and it
   holds the spare that those requests, replayed under every spare level and scaled by
   their rate at the hour ahead, show to be worth its GPU-hours at one price of waiting for
@@ -727,14 +727,12 @@ def simulate_jobs(
         update={
             "mode": "reactive",
             "step_seconds": 60.0,
-            # Cluster Autoscaler, the baselines' executor, takes a node out once it has
-            # been unneeded for 10 minutes: it cannot tell a freed node that a request
-            # will want from one nobody will. gpuscale sizes the groups itself (its
-            # default deploy: placeholders, nodes drained by the loop), and its loop takes
-            # a node the plan does not want out at its next pass: the spare it keeps is
-            # the one it chose, a freed node beyond it is no extra (measured on
-            # validation seeds 10 and 11: 0.1-2.2 % fewer GPU-hours against the buffers).
-            # Samples are instants: 11 of them, a minute apart, span the 10 minutes.
+            # Cluster Autoscaler, which executes the baselines, takes a node out once it
+            # has been unneeded for 10 minutes (samples are instants: 11 of them, a minute
+            # apart, span them). gpuscale's default deploy sizes the groups itself and
+            # takes a node its plan does not want out at the next pass: the spare is the
+            # one the price chose, a freed node beyond it is none (validation seeds 10
+            # and 11: 0.1-2.2 % fewer GPU-hours against the buffers than with the hold).
             "unneeded_steps": 1 if predictive else UNNEEDED_MINUTES + 1,
         }
     )
