@@ -3,6 +3,7 @@ baseline, the backtest that gates it, and the rates a predictive job-level run i
 
 from __future__ import annotations
 
+import pickle
 from datetime import datetime
 
 import numpy as np
@@ -10,6 +11,7 @@ import pytest
 
 from predictor.foundation.errors import InputError
 from predictor.models.requests import (
+    DailyProfile,
     RequestBacktest,
     RequestForecaster,
     RequestHistory,
@@ -56,9 +58,9 @@ def test_the_model_learns_what_the_table_misses_and_serves_where_it_beats_it() -
     history = bursty(14, 2)
     table = SeasonalRequestTable.fit(history, 12 * 1440)
     in_burst = 13 * 1440 + 9 * 60  # day 13 (odd): a burst from 06:00 to 12:00
-    forecast = model.predict(history, in_burst, 10.0, table)
+    forecast = model.predict("a100", history, in_burst, 10.0, table)
     assert forecast > 1.05 * table.rate(history.at(in_burst + 10))
-    assert forecast > model.predict(history, in_burst - 1440, 10.0, table)
+    assert forecast > model.predict("a100", history, in_burst - 1440, 10.0, table)
 
 
 def test_a_model_worse_than_the_table_is_not_served() -> None:
@@ -66,7 +68,7 @@ def test_a_model_worse_than_the_table_is_not_served() -> None:
     worse = RequestBacktest({"a100": 2.0, "t4": 0.5}, {"a100": 1.0, "t4": 0.6}, 100)
     assert not worse.serves("a100") and worse.serves("t4")
     assert not RequestBacktest({"a100": 2.0}, {"a100": 1.0}, 100).better
-    gated = RequestForecaster(model.booster, model.params, worse)
+    gated = RequestForecaster(model.booster, model.params, model.profiles, worse)
     history = bursty(3)
     rates = LearnedRates.of(gated, {"a100": history, "t4": history})
     assert rates.rate("a100", 0, 10.0) is None  # the planner keeps its seasonal table
@@ -74,6 +76,39 @@ def test_a_model_worse_than_the_table_is_not_served() -> None:
     rates.observe("a100", 16.0, 3.0)
     assert len(rates.histories["a100"]) == len(history) + 1
     assert len(history) == 3 * 1440  # the run's copy grows, not the history it came from
+
+
+def test_the_daily_profile_follows_the_cycle_and_a_burst_does_not_shape_it() -> None:
+    # A smooth day (peak at 15:00, twice the trough) for two weeks, and one six-hour burst
+    # at ten times the rate on the first Tuesday morning.
+    minutes = np.arange(14 * 1440)
+    hour = (minutes % 1440) / 60
+    rate = 0.1 * (1 + 0.5 * np.cos(2 * np.pi * (hour - 15) / 24))
+    burst = (minutes >= 1440 + 6 * 60) & (minutes < 1440 + 12 * 60)
+    requested = 8.0 * np.random.default_rng(3).poisson(rate * np.where(burst, 10.0, 1.0))
+    history = RequestHistory.of(MONDAY, requested, np.zeros(minutes.size))
+    profile = DailyProfile.fit(history)
+    at = np.array([3.0, 9.0, 15.0])
+    peak_to_trough = (
+        profile.relative(at[2:], np.zeros(1))[0] / profile.relative(at[:1], np.zeros(1))[0]
+    )
+    assert 2.4 < peak_to_trough < 3.6  # the true 1.5 / 0.5 = 3
+    # The burst lifts the seasonal table's 9:00 (one day of six in its bucket) well above
+    # the mean rate; the profile keeps 9:00 near it, where the cycle is.
+    table = SeasonalRequestTable.fit(history)
+    mean = float(requested.sum()) / len(requested) * 60
+    assert table.rate(history.at(9 * 60)) > 1.3 * mean
+    assert profile.relative(at[1:2], np.zeros(1))[0] < 1.15
+
+
+def test_a_model_registered_before_the_profiles_forecasts_from_the_table() -> None:
+    model = RequestForecaster.fit({"a100": (bursty(12), 10.0)})
+    state = pickle.dumps(model).replace(b"profiles", b"unknownx")  # as if it had none
+    old = pickle.loads(state)
+    assert old.profiles == {}
+    history = bursty(14, 2)
+    table = SeasonalRequestTable.fit(history, 12 * 1440)
+    assert old.predict("a100", history, 12 * 1440, 10.0, table) > 0
 
 
 def test_too_little_history_names_the_minimum() -> None:

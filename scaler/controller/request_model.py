@@ -79,6 +79,6 @@ class ServedRequestModel:
             if table.mean <= 0:
                 continue
             boot = shapes[name].boot_minutes
-            found[name] = self.model.predict(history, len(history), boot, table)
+            found[name] = self.model.predict(name, history, len(history), boot, table)
         self._step, self._rates = step, found
         return found

@@ -67,7 +67,7 @@ class LearnedRates:
             return None
         history = self.histories[pool]
         now = len(history)
-        return self.model.predict(history, now, boot_minutes, self.tables[pool](now))
+        return self.model.predict(pool, history, now, boot_minutes, self.tables[pool](now))
 
 
 @dataclass
