@@ -61,6 +61,7 @@ FEATURES = (
     "weekend",
 )
 SEASONAL = FEATURES.index("seasonal")
+HOUR_SIN, HOUR_COS, WEEKEND = (FEATURES.index(f) for f in ("hour_sin", "hour_cos", "weekend"))
 
 
 def hour_bucket(at: datetime) -> int:
@@ -383,7 +384,9 @@ class RequestForecaster:
         if len(held):
             before = cls._boosted(pools, cut, rows, params)
             backtest = RequestBacktest(held.model(before), held.seasonal(), len(held))
-        fitted = cls._boosted(pools, length, _rows(pools, 0, length), params)
+        # With nothing held out (a refit of a served model), the rows are those already built.
+        every = rows if cut >= length else _rows(pools, 0, length)
+        fitted = cls._boosted(pools, length, every, params)
         end = max(h.at(len(h)) for h, _ in pools.values())
         return replace(fitted, backtest=backtest, trained_until=end)
 
@@ -437,9 +440,6 @@ def _booster(x: np.ndarray, y: np.ndarray, base: np.ndarray, params: RequestPara
     }
     data = lgb.Dataset(x, y, init_score=base)
     return lgb.train(settings, data, num_boost_round=params.n_estimators)
-
-
-HOUR_SIN, HOUR_COS, WEEKEND = (FEATURES.index(f) for f in ("hour_sin", "hour_cos", "weekend"))
 
 
 def _base(x: np.ndarray, names: Sequence[str], profiles: Mapping[str, DailyProfile]) -> np.ndarray:
