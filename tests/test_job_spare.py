@@ -13,6 +13,7 @@ import pytest
 from test_simulator import BEGIN, LEVELS, flat_outlook, gpu_pool, jobs, run_mode
 
 import scaler.planning.job_spare as job_spare
+from predictor.models.requests import RequestRateForecast
 from scaler.evaluation.job_simulator import simulate_jobs
 from scaler.placement.estimator import ScaleUpEstimate
 from scaler.planning.job_spare import (
@@ -122,7 +123,8 @@ def test_the_spare_follows_the_request_forecast_where_one_is_given() -> None:
     afternoon, night = MONDAY + timedelta(hours=15), MONDAY + timedelta(hours=3)
 
     def spare(at: datetime, rate: float | None, rates: str = "forecast") -> int:
-        group = GroupSpare(busy, 8, 10.0, 32, rate_ahead=rate)
+        forecast = None if rate is None else RequestRateForecast(rate)
+        group = GroupSpare(busy, 8, 10.0, 32, forecast)
         return choose_spares({"busy": group}, 0.5, at, rates).nodes["busy"]
 
     assert spare(night, None) == 0 and spare(afternoon, None) == 4  # the table
@@ -132,6 +134,30 @@ def test_the_spare_follows_the_request_forecast_where_one_is_given() -> None:
     # `seasonal` ignores the forecast; `flat` ignores the hour too (the week's mean rate).
     assert spare(night, 5 * mean, "seasonal") == 0
     assert spare(night, None, "flat") == spare(afternoon, None, "flat")
+
+
+def test_the_forecasts_shape_over_the_week_sets_the_price_of_waiting() -> None:
+    # The same history and rate ahead: priced on the table's afternoon-only shape, the
+    # waits the knob allows fall in the afternoon; on a forecast that spreads the requests
+    # over every hour, a spare at the rate's mean costs every hour alike, and the price
+    # that keeps the waits within the knob is another one.
+    busy = history(6)
+    mean = float(busy.requested.sum() / busy.hours.sum())
+    afternoon = MONDAY + timedelta(hours=15)
+
+    def choice(shape: tuple[float, ...] | None, rates: str = "forecast"):
+        group = GroupSpare(busy, 8, 10.0, 32, RequestRateForecast(mean, shape))
+        return choose_spares({"busy": group}, 0.5, afternoon, rates)
+
+    table, flat = choice(None), choice((1.0,) * BUCKETS)
+    assert flat.price != pytest.approx(table.price)
+    assert flat.share <= 0.5 and table.share <= 0.5
+    # Only `forecast` reads the shape; a shape of the wrong length is refused.
+    assert choice((1.0,) * BUCKETS, "seasonal").price == pytest.approx(
+        choice(None, "seasonal").price
+    )
+    with pytest.raises(ValueError, match="48 hour buckets"):
+        RequestRateForecast(mean, (1.0,) * 24)
 
 
 def test_the_planner_holds_the_nodes_of_scheduled_runs_due_within_a_boot() -> None:

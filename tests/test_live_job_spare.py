@@ -275,6 +275,7 @@ def test_the_served_request_model_gives_the_pass_its_request_rate(
     TelemetryStore(cfg.state_dir).append(pd.DataFrame({"unique_id": "a100", "ds": ds, "y": gpus}))
     decision = passes(cfg, START, 8.0).decision
     (a100,) = [o for o in decision.outlook.outlooks if o.group == "a100"]
-    assert a100.request_rate is not None and a100.request_rate > 0
+    assert a100.request_rate is not None and a100.request_rate.ahead > 0
+    assert a100.request_rate.by_bucket is not None  # the served model's daily profile
     assert decision.request_source == "requests:1"
     assert decision.to_dict()["request_source"] == "requests:1"

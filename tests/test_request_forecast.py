@@ -100,6 +100,11 @@ def test_the_daily_profile_follows_the_cycle_and_a_burst_does_not_shape_it() -> 
     mean = float(requested.sum()) / len(requested) * 60
     assert table.rate(history.at(9 * 60)) > 1.3 * mean
     assert profile.relative(at[1:2], np.zeros(1))[0] < 1.15
+    # Its shape over the week, as the spare's price is set on it: bucket 15 is weekday
+    # 15:00-16:00, bucket 24 + 3 Saturday's and Sunday's 3:00-4:00.
+    week = profile.by_bucket()
+    assert len(week) == 48 and week[15] > 2 * week[3]
+    assert week[24 + 3] == pytest.approx(profile.relative(np.array([3.5]), np.ones(1))[0])
 
 
 def test_a_model_registered_before_the_profiles_forecasts_from_the_table() -> None:
@@ -111,6 +116,7 @@ def test_a_model_registered_before_the_profiles_forecasts_from_the_table() -> No
     history = bursty(14, 2)
     table = SeasonalRequestTable.fit(history, 12 * 1440)
     assert old.predict("a100", history, 12 * 1440, 10.0, table) > 0
+    assert old.forecast("a100", history, 12 * 1440, 10.0, table).by_bucket is None  # the table's
 
 
 def test_too_little_history_names_the_minimum() -> None:
@@ -126,7 +132,10 @@ def test_poisson_deviance_is_zero_for_a_perfect_forecast_and_grows_off_it() -> N
 
 def test_the_true_rate_is_the_intensity_of_the_hour_a_boot_ahead_in_the_requests_units() -> None:
     intensity = np.concatenate([np.full(70, 0.1), np.full(120, 0.4)])
-    rates = TrueRates({"a100": intensity}, {"a100": 0.5})
-    assert rates.rate("a100", 60, 10.0) == pytest.approx(0.4 * 60 * 0.5)
-    assert rates.rate("a100", 0, 10.0) == pytest.approx(0.1 * 60 * 0.5)
+    shape = tuple(float(b) for b in range(1, 49))
+    rates = TrueRates({"a100": intensity}, {"a100": 0.5}, {"a100": shape})
+    ahead = rates.rate("a100", 60, 10.0)
+    assert ahead is not None and ahead.ahead == pytest.approx(0.4 * 60 * 0.5)
+    assert ahead.by_bucket == shape
+    assert rates.rate("a100", 0, 10.0).ahead == pytest.approx(0.1 * 60 * 0.5)
     assert rates.rate("a100", 500, 10.0) is None  # past the intensity known

@@ -134,7 +134,7 @@ def test_the_loop_serves_the_promoted_model_as_the_outlooks_request_rate(tmp_pat
     assert set(rates) <= {"a100", "t4"} and rates
     quiet = served.rates(store, pools, now - pd.Timedelta(days=1), "s0")  # no burst that day
     for pool in rates:
-        assert rates[pool] > quiet[pool]
+        assert rates[pool].ahead > quiet[pool].ahead
     outlook = DemandOutlook("a100", 8.0, (0.99,), np.array([[8.0]]))
     (given,) = with_request_rates([outlook], rates)
     assert given.request_rate == rates.get("a100")

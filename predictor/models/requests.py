@@ -187,6 +187,28 @@ class DailyProfile:
         """The rate at those hours of the day (weekend 1.0 or 0.0), relative to the mean."""
         return np.exp(_profile_design(hours, weekend) @ np.asarray(self.coefficients))
 
+    def by_bucket(self) -> tuple[float, ...]:
+        """The relative rate at the middle of each hour bucket (`hour_bucket`)."""
+        middles = np.tile(np.arange(HOURS_PER_DAY) + 0.5, 2)
+        weekend = np.repeat([0.0, 1.0], HOURS_PER_DAY)
+        return tuple(float(r) for r in self.relative(middles, weekend))
+
+
+@dataclass(frozen=True)
+class RequestRateForecast:
+    """What sizes a pool's job-level spare: `ahead`, the GPUs per hour jobs will ask of new
+    nodes in the hour a boot ahead (the hour a spare asked for now serves); `by_bucket`,
+    the rate's shape over the hour buckets (`hour_bucket`, relative, any scale), which
+    scales every hour's replayed waits when the price of waiting is set (None: the
+    seasonal table of the requests seen does)."""
+
+    ahead: float
+    by_bucket: tuple[float, ...] | None = None
+
+    def __post_init__(self) -> None:
+        if self.by_bucket is not None and len(self.by_bucket) != BUCKETS:
+            raise ValueError(f"a request rate's shape has {BUCKETS} hour buckets")
+
 
 def features(
     history: RequestHistory, minute: int, ahead_minutes: float, table: SeasonalRequestTable
@@ -420,6 +442,22 @@ class RequestForecaster:
         `minute`."""
         x = features(history, minute, ahead_minutes, table)[None, :]
         return float(_predict(self, x, [pool])[0]) * max(table.mean, 1e-6)
+
+    def forecast(
+        self,
+        pool: str,
+        history: RequestHistory,
+        minute: int,
+        ahead_minutes: float,
+        table: SeasonalRequestTable,
+    ) -> RequestRateForecast:
+        """`predict`'s rate with the pool's daily profile as the week's shape (a pool
+        without one, the table's)."""
+        profile = self.profiles.get(pool)
+        return RequestRateForecast(
+            self.predict(pool, history, minute, ahead_minutes, table),
+            None if profile is None else profile.by_bucket(),
+        )
 
 
 def _booster(x: np.ndarray, y: np.ndarray, base: np.ndarray, params: RequestParams):

@@ -71,6 +71,7 @@ import pandas as pd
 from pydantic import ValidationError
 
 from predictor.foundation.problem_log import ProblemLog
+from predictor.models.requests import RequestRateForecast
 from predictor.telemetry.kube_objects import KubeNames, read_pod
 from scaler.cluster.job import Job
 from scaler.cluster.pools import NodePool
@@ -299,7 +300,7 @@ class PassDecision:
                         "minutes_ago": list(o.requests.minutes_ago),
                         "nodes": list(o.requests.nodes),
                     },
-                    "request_rate": o.request_rate,
+                    "request_rate": None if o.request_rate is None else o.request_rate.ahead,
                     "scheduled": None
                     if o.scheduled is None
                     else {
@@ -454,7 +455,7 @@ def with_scheduled(
 
 
 def with_request_rates(
-    outlooks: Sequence[DemandOutlook], rates: Mapping[str, float]
+    outlooks: Sequence[DemandOutlook], rates: Mapping[str, RequestRateForecast]
 ) -> tuple[DemandOutlook, ...]:
     """The outlooks with the forecast request rate of the pool each is named like."""
     return tuple(

@@ -1,6 +1,7 @@
 """The request-rate model as the loop serves it: the registry's served version of
 `model.requests`, loaded once, asked once a demand step for each pool's GPUs per hour in
-the hour a boot ahead (`DemandOutlook.request_rate`, which sizes the job-level spare).
+the hour a boot ahead, with its daily profile as the week's shape
+(`DemandOutlook.request_rate`, which sizes the job-level spare).
 
 It forecasts from the store's recent requests (`predictor.lifecycle.request_training`),
 in the units the collector's samples give, and only for the pools its backtest beat the
@@ -17,7 +18,12 @@ from dataclasses import dataclass, field
 from datetime import datetime
 
 from predictor.lifecycle.request_training import PoolShape, recent_history
-from predictor.models.requests import DAY_MINUTES, RequestForecaster, SeasonalRequestTable
+from predictor.models.requests import (
+    DAY_MINUTES,
+    RequestForecaster,
+    RequestRateForecast,
+    SeasonalRequestTable,
+)
 from predictor.telemetry.store import TelemetryStore
 from scaler.cluster.pools import NodePool
 from scaler.controller.config import ModelSection
@@ -32,7 +38,7 @@ class ServedRequestModel:
     source: str = "not loaded"
     _loaded: bool = field(default=False, repr=False)
     _step: str | None = field(default=None, repr=False)
-    _rates: dict[str, float] = field(default_factory=dict, repr=False)
+    _rates: dict[str, RequestRateForecast] = field(default_factory=dict, repr=False)
 
     def load(self) -> None:
         self._loaded = True
@@ -60,9 +66,9 @@ class ServedRequestModel:
 
     def rates(
         self, store: TelemetryStore, pools: Sequence[NodePool], now: datetime, step: str
-    ) -> dict[str, float]:
+    ) -> dict[str, RequestRateForecast]:
         """Per pool served, the GPUs per hour jobs will ask of new nodes in the hour a boot
-        after `now`; recomputed once per demand `step`."""
+        after `now`, and the week's shape; recomputed once per demand `step`."""
         if not self._loaded:
             self.load()
         if self.model is None:
@@ -79,6 +85,6 @@ class ServedRequestModel:
             if table.mean <= 0:
                 continue
             boot = shapes[name].boot_minutes
-            found[name] = self.model.predict(name, history, len(history), boot, table)
+            found[name] = self.model.forecast(name, history, len(history), boot, table)
         self._step, self._rates = step, found
         return found

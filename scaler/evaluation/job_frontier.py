@@ -22,7 +22,7 @@ import pandas as pd
 
 from predictor.foundation.errors import InputError
 from predictor.models.forecast import Forecaster
-from predictor.models.requests import RequestForecaster, RequestHistory
+from predictor.models.requests import BUCKETS, HOURS_PER_DAY, RequestForecaster, RequestHistory
 from scaler.cluster.job import WHOLE_GPU_MILLI
 from scaler.cluster.pools import NodePool
 from scaler.evaluation.job_simulator import (
@@ -110,6 +110,7 @@ class _Stream:
     histories: Mapping[str, RequestHistory] = field(default_factory=dict)
     intensity: Mapping[str, np.ndarray] | None = None
     intensity_scale: Mapping[str, float] = field(default_factory=dict)
+    intensity_shape: Mapping[str, tuple[float, ...]] = field(default_factory=dict)
     scheduled: tuple[ScheduledRun, ...] = ()
 
 
@@ -129,7 +130,7 @@ def _rates(stream: _Stream, mode: JobMode) -> RequestRates | None:
     if mode == "predictive-true-rate":
         if stream.intensity is None:
             raise InputError("predictive-true-rate needs the workload's true request intensity")
-        return TrueRates(stream.intensity, stream.intensity_scale)
+        return TrueRates(stream.intensity, stream.intensity_scale, stream.intensity_shape)
     return None
 
 
@@ -260,7 +261,7 @@ def compare_on_workload(
             model = RequestForecaster.fit({n: (h, boots[n]) for n, h in histories.items()})
         except InputError:
             model = None  # too little history to learn from: the seasonal table serves
-    rates, scale = _true_intensity(intensity, histories, first, begin)
+    rates, scale, shape = _true_intensity(intensity, histories, first, begin)
     stream = _Stream(
         jobs,
         tuple(pools),
@@ -276,6 +277,7 @@ def compare_on_workload(
         histories,
         rates,
         scale,
+        shape,
         scheduled_runs(jobs, pools, begin),
     )
     runs = [(stream, run) for run in job_runs(policy, headroom, knobs, ablations, ablation_knobs)]
@@ -320,19 +322,23 @@ def _true_intensity(
     histories: Mapping[str, RequestHistory],
     first: pd.Timestamp,
     begin: pd.Timestamp,
-) -> tuple[dict[str, np.ndarray] | None, dict[str, float]]:
-    """Per pool the true intensity from `begin` on (GPUs a minute), and the requests the
-    history before `begin` saw per GPU of intensity there: the units they are seen in."""
+) -> tuple[dict[str, np.ndarray] | None, dict[str, float], dict[str, tuple[float, ...]]]:
+    """Per pool the true intensity from `begin` on (GPUs a minute), the requests the
+    history before `begin` saw per GPU of intensity there (the units they are seen in),
+    and the intensity's mean per hour bucket over all of it (its shape over the week)."""
     if intensity is None:
-        return None, {}
-    arrays, scale = {}, {}
+        return None, {}, {}
+    arrays, scale, shape = {}, {}, {}
     for pool, rows in intensity.sort_values("ds").groupby("unique_id"):
         ds, y = rows["ds"], rows["y"].to_numpy(dtype=float)
         before = y[((ds >= first) & (ds < begin)).to_numpy()].sum()
         seen = sum(histories[str(pool)].requested) if str(pool) in histories else 0.0
         arrays[str(pool)] = y[(ds >= begin).to_numpy()]
         scale[str(pool)] = seen / before if before > 0 else 1.0
-    return arrays, scale
+        buckets = (ds.dt.hour + HOURS_PER_DAY * (ds.dt.dayofweek >= 5)).to_numpy()
+        means = pd.Series(y).groupby(buckets).mean().reindex(range(BUCKETS))
+        shape[str(pool)] = tuple(float(m) for m in means.fillna(means.mean()))
+    return arrays, scale, shape
 
 
 def scheduled_runs(

@@ -57,6 +57,7 @@ import numpy as np
 import pandas as pd
 
 from predictor.foundation.errors import InputError
+from predictor.models.requests import RequestRateForecast
 from scaler.cluster.job import WHOLE_GPU_MILLI, Job
 from scaler.cluster.pools import NodePool
 from scaler.cluster.predicates import feasible
@@ -116,11 +117,12 @@ HEADROOM_MODES = frozenset({"headroom", "headroom-tuned"})
 class RequestRates(Protocol):
     """Where a predictive run's request-rate forecast comes from (`request_rates`): it is
     told each minute's node requests and queue per pool, and asked for the GPUs per hour
-    expected over the hour a boot ahead (None: the planner's seasonal table)."""
+    expected over the hour a boot ahead and the week's shape (None: the planner's seasonal
+    table)."""
 
     def observe(self, pool: str, requested_gpus: float, pending_gpus: float) -> None: ...
 
-    def rate(self, pool: str, minute: int, boot_minutes: float) -> float | None: ...
+    def rate(self, pool: str, minute: int, boot_minutes: float) -> RequestRateForecast | None: ...
 
 
 @dataclass(frozen=True)

@@ -8,7 +8,8 @@
   table;
 - `TrueRates` (mode `predictive-true-rate`): the workload's true request intensity as the
   generator defines it (cycles, trend and the bursts drawn), in the units of the requests
-  seen: the ceiling of any rate forecast.
+  seen, its shape over the week the intensity's own mean by hour bucket: the ceiling of
+  any rate forecast.
 
 Both are told the minutes in order by the simulator (`RequestRates`); a run owns its copy.
 """
@@ -26,6 +27,7 @@ from predictor.models.requests import (
     HORIZON_MINUTES,
     RequestForecaster,
     RequestHistory,
+    RequestRateForecast,
     SeasonalRequestTable,
     causal_tables,
 )
@@ -62,28 +64,30 @@ class LearnedRates:
     def observe(self, pool: str, requested_gpus: float, pending_gpus: float) -> None:
         self.histories[pool].append(requested_gpus, pending_gpus)
 
-    def rate(self, pool: str, minute: int, boot_minutes: float) -> float | None:
+    def rate(self, pool: str, minute: int, boot_minutes: float) -> RequestRateForecast | None:
         if self.model.backtest is not None and not self.model.backtest.serves(pool):
             return None
         history = self.histories[pool]
         now = len(history)
-        return self.model.predict(pool, history, now, boot_minutes, self.tables[pool](now))
+        return self.model.forecast(pool, history, now, boot_minutes, self.tables[pool](now))
 
 
 @dataclass
 class TrueRates:
     """`intensity[pool][m]`: GPUs expected per minute at minute m of the run; `scale`:
-    requests seen per GPU of intensity (fitted on the history before the run)."""
+    requests seen per GPU of intensity (fitted on the history before the run); `shape`:
+    the intensity's mean per hour bucket."""
 
     intensity: Mapping[str, np.ndarray]
     scale: Mapping[str, float]
+    shape: Mapping[str, tuple[float, ...]]
 
     def observe(self, pool: str, requested_gpus: float, pending_gpus: float) -> None:
         return None
 
-    def rate(self, pool: str, minute: int, boot_minutes: float) -> float | None:
+    def rate(self, pool: str, minute: int, boot_minutes: float) -> RequestRateForecast | None:
         first = minute + round(boot_minutes)
         window = self.intensity[pool][first : first + HORIZON_MINUTES]
         if not window.size:
             return None
-        return float(window.mean()) * 60 * self.scale[pool]
+        return RequestRateForecast(float(window.mean()) * 60 * self.scale[pool], self.shape[pool])

@@ -42,6 +42,7 @@ from typing import Literal
 import numpy as np
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
+from predictor.models.requests import RequestRateForecast
 from scaler.cluster.pools import NodePool, whole_nodes
 from scaler.planning.buffer_tuning import RULES, RuleRecord, target_of, tune
 from scaler.planning.job_spare import (
@@ -199,8 +200,9 @@ class DemandOutlook:
     whole nodes they asked for since the previous call; where given, the group's spare
     nodes are sized on them (`job_spare`) instead of on the demand history.
     `request_rate` (job level): the forecast of the GPUs those requests will ask per hour
-    over the hour a boot ahead, when nodes asked for now serve (`predictor.models.requests`);
-    None leaves the spare to the seasonal table of the requests seen. `scheduled` (job
+    over the hour a boot ahead, when nodes asked for now serve, and of its shape over the
+    week (`predictor.models.requests.RequestRateForecast`); None leaves the spare to the
+    seasonal table of the requests seen. `scheduled` (job
     level): the nodes scheduled jobs (CronJobs) will ask for, and when.
     """
 
@@ -210,7 +212,7 @@ class DemandOutlook:
     values: np.ndarray = field(default_factory=lambda: np.empty((0, 0)))
     gpu_models: frozenset[str] | None = None
     requests: NodeRequests | None = None
-    request_rate: float | None = None
+    request_rate: RequestRateForecast | None = None
     scheduled: ScheduledNodes | None = None
 
     def quantile(self, level: float) -> np.ndarray:
@@ -494,9 +496,9 @@ def _job_level_spares(
                 f" per GPU-h: replayed wait share {choice.share:.3f}, knob"
                 f" {policy.job_wait_share:g}"
             )
-            rate = tuned[group].rate_ahead
+            rate = tuned[group].forecast
             if policy.request_rate == "forecast" and rate is not None:
-                reason += f"; request forecast {rate:.3g} GPUs/h"
+                reason += f"; request forecast {rate.ahead:.3g} GPUs/h"
             # A scheduled run's nodes are known demand: held on top of the spare for the
             # requests nobody announced, from a boot (and a step) before it fires.
             scheduled = by_group[group].scheduled
