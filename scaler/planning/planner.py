@@ -94,8 +94,9 @@ class PlannerPolicy(BaseModel):
     # `simulate --synthetic --frontier`, knobs 0.05-0.3, nodes beyond the plan removed at
     # once): the knob with the largest mean saving against the frontier of the buffers a
     # team chooses among (1-8 spare nodes per pool, spares tuned per pool on the week
-    # before): 5.5 % fewer GPU-hours at the same GPU-minutes waited (1.5 to 12.3 % per
-    # seed), against 5.4 % at 0.05, 3.8 % at 0.15, 3.1 % at 0.2 and 2.2 % at 0.3. The
+    # before): 6.8 % fewer GPU-hours at the same GPU-minutes waited (2.2 to 13.7 % per
+    # seed), against 5.8 % at 0.05 and 2.6 % at 0.2 (measured with the request forecast's
+    # shape setting the price; earlier 3.8 % at 0.15 and 2.2 % at 0.3). The
     # step-level knob's 0.001 here would hold spare for almost every request.
     job_wait_share: float = Field(
         default=0.1,
