@@ -116,7 +116,7 @@ def test_a_model_registered_before_the_profiles_forecasts_from_the_table() -> No
     history = bursty(14, 2)
     table = SeasonalRequestTable.fit(history, 12 * 1440)
     assert old.predict("a100", history, 12 * 1440, 10.0, table) > 0
-    assert old.forecast("a100", history, 12 * 1440, 10.0, table).by_bucket is None  # the table's
+    assert old.forecast("a100", 1.0).by_bucket is None  # the table's
 
 
 def test_too_little_history_names_the_minimum() -> None:

@@ -443,21 +443,11 @@ class RequestForecaster:
         x = features(history, minute, ahead_minutes, table)[None, :]
         return float(_predict(self, x, [pool])[0]) * max(table.mean, 1e-6)
 
-    def forecast(
-        self,
-        pool: str,
-        history: RequestHistory,
-        minute: int,
-        ahead_minutes: float,
-        table: SeasonalRequestTable,
-    ) -> RequestRateForecast:
-        """`predict`'s rate with the pool's daily profile as the week's shape (a pool
+    def forecast(self, pool: str, rate: float) -> RequestRateForecast:
+        """`rate` (`predict`'s) with the pool's daily profile as the week's shape (a pool
         without one, the table's)."""
         profile = self.profiles.get(pool)
-        return RequestRateForecast(
-            self.predict(pool, history, minute, ahead_minutes, table),
-            None if profile is None else profile.by_bucket(),
-        )
+        return RequestRateForecast(rate, None if profile is None else profile.by_bucket())
 
 
 def _booster(x: np.ndarray, y: np.ndarray, base: np.ndarray, params: RequestParams):

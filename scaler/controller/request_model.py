@@ -85,6 +85,7 @@ class ServedRequestModel:
             if table.mean <= 0:
                 continue
             boot = shapes[name].boot_minutes
-            found[name] = self.model.forecast(name, history, len(history), boot, table)
+            rate = self.model.predict(name, history, len(history), boot, table)
+            found[name] = self.model.forecast(name, rate)
         self._step, self._rates = step, found
         return found

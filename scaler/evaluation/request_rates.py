@@ -69,7 +69,8 @@ class LearnedRates:
             return None
         history = self.histories[pool]
         now = len(history)
-        return self.model.forecast(pool, history, now, boot_minutes, self.tables[pool](now))
+        rate = self.model.predict(pool, history, now, boot_minutes, self.tables[pool](now))
+        return self.model.forecast(pool, rate)
 
 
 @dataclass
