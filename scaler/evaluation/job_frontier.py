@@ -22,7 +22,7 @@ import pandas as pd
 
 from predictor.foundation.errors import InputError
 from predictor.models.forecast import Forecaster
-from predictor.models.requests import BUCKETS, HOURS_PER_DAY, RequestForecaster, RequestHistory
+from predictor.models.requests import BUCKETS, RequestForecaster, RequestHistory, hour_bucket
 from scaler.cluster.job import WHOLE_GPU_MILLI
 from scaler.cluster.pools import NodePool
 from scaler.evaluation.job_simulator import (
@@ -335,7 +335,7 @@ def _true_intensity(
         seen = sum(histories[str(pool)].requested) if str(pool) in histories else 0.0
         arrays[str(pool)] = y[(ds >= begin).to_numpy()]
         scale[str(pool)] = seen / before if before > 0 else 1.0
-        buckets = (ds.dt.hour + HOURS_PER_DAY * (ds.dt.dayofweek >= 5)).to_numpy()
+        buckets = np.fromiter((hour_bucket(t) for t in ds), dtype=int, count=len(ds))
         means = pd.Series(y).groupby(buckets).mean().reindex(range(BUCKETS))
         shape[str(pool)] = tuple(float(m) for m in means.fillna(means.mean()))
     return arrays, scale, shape
