@@ -20,7 +20,10 @@ planner sizes each group's spare from the node requests it observed:
   requests as they come (`SpareReplay.observe`): a spare node taken is replaced one boot
   later, a request larger than the free spare waits until enough nodes are back (its own,
   at the latest, a boot after it came), and each level's GPU-minutes waited are kept,
-  decayed with a week's half-life;
+  decayed with a week's half-life. Nodes that finished jobs free are left out, as is any
+  forecast of them: refilling the spare with them, or an oracle lowering the spare by the
+  nodes about to free, cost 0.2 % more GPU-hours at the same waiting on validation
+  seeds (docs/benchmarks.md);
 - the requests' rate by hour of the week (weekday and weekend hours apart) scales those
   waits to the hour a boot ahead, when nodes asked for now are ready: the busy afternoon
   wants more spare than the night. Where the group has a request forecast, its rate for
@@ -257,7 +260,10 @@ def _table(group: GroupSpare, rates: RateModel) -> tuple[np.ndarray, np.ndarray,
     priced on the table's noisier shape, the price answers for hours the spare is not
     sized by. Validation seeds 10-14 of `simulate --synthetic`, GPU-hours saved against
     the buffers at knobs 0.05 / 0.1 / 0.2: 5.8 / 6.8 / 2.6 % on average, against 5.9 /
-    6.0 / 3.0 % priced on the table."""
+    6.0 / 3.0 % priced on the table. The waits scale in proportion to the rate: scaled
+    faster at the higher levels (a spare empties more often when requests come faster; an
+    exponent per level fitted on the replay's waits by hour bucket) they cost 0.5 % more
+    GPU-hours at the same waiting on those seeds."""
     replay = group.replay
     hours = replay.hours
     total = float(hours.sum())
